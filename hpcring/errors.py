@@ -1,0 +1,69 @@
+"""One exception hierarchy for everything hpcring raises at a user.
+
+Every message says what was wrong and what is allowed, so a user can fix the input without reading our code.
+`CollectiveError` subclasses `RuntimeError` because Horovod's `HorovodInternalError` does, and user code written
+for Horovod catches `RuntimeError` around collectives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+
+class HpcringError(Exception):
+    """Base of every error hpcring raises on purpose."""
+
+
+class ConfigError(HpcringError, ValueError):
+    """A setting (environment variable, CLI flag, keyword) has a value we do not accept."""
+
+
+class BackendUnavailable(HpcringError, ImportError):
+    """An optional dependency (mpi4py, torch, NCCL, ...) is needed for what was asked and is missing."""
+
+    def __init__(self, what: str, install: str, detail: str = "") -> None:
+        msg = f"{what} is not available{': ' + detail if detail else ''}. Install it with: {install}"
+        super().__init__(msg)
+        self.what = what
+        self.install = install
+
+
+class NotInitializedError(HpcringError, ValueError):
+    """A collective was called before `hpcring.init()` (Horovod raises ValueError here too)."""
+
+
+class CollectiveError(HpcringError, RuntimeError):
+    """A collective failed or its inputs disagree across ranks; raised on every participating rank."""
+
+
+class RankFailedError(HpcringError, RuntimeError):
+    """Another rank died or raised; carries its number so every survivor can report it."""
+
+    def __init__(self, rank: int, how: str) -> None:
+        super().__init__(f"rank {rank} failed: {how}")
+        self.rank = rank
+        self.how = how
+
+
+class LaunchError(HpcringError):
+    """`hpcring run` could not start the job as asked."""
+
+
+class ProfileError(HpcringError, ValueError):
+    """A cluster profile is invalid; the message names the YAML path, the bad value and the allowed values."""
+
+
+class JobShapeError(HpcringError, ValueError):
+    """The requested job cannot be placed on the profile's nodes; the message says why."""
+
+
+class SubmitError(HpcringError):
+    """The scheduler refused or failed a submission."""
+
+
+def choices(values: Iterable[object]) -> str:
+    """Format allowed values for an error message: `'a', 'b' or 'c'`."""
+    items = [repr(v) for v in values]
+    if len(items) <= 1:
+        return "".join(items)
+    return ", ".join(items[:-1]) + " or " + items[-1]
