@@ -1,0 +1,109 @@
+"""`hpcring bench allreduce`: sweep allreduce sizes and algorithms against raw mpi4py (see hpcring.bench).
+
+It is a rank program: `hpcring run -np 4 -- python -m hpcring bench allreduce -b 8 -e 256M -f 2`, or the same
+under mpiexec/srun. Every flag also reads a default from an HPCRING_BENCH_* environment variable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from hpcring.errors import ConfigError
+
+
+def _env(name: str, default: str) -> str:
+    return os.environ.get(f"HPCRING_BENCH_{name}", default)
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    """Add the `allreduce` benchmark and its flags."""
+    sub = parser.add_subparsers(dest="benchmark", metavar="BENCHMARK")
+    sub.required = True
+    ar = sub.add_parser("allreduce", help="allreduce sweep: hpcring algorithms vs raw mpi4py Allreduce")
+    ar.add_argument("-b", "--minbytes", default=_env("MINBYTES", "8"), help="smallest size (K/M/G suffix)")
+    ar.add_argument("-e", "--maxbytes", default=_env("MAXBYTES", "64M"), help="largest size (K/M/G suffix)")
+    ar.add_argument(
+        "-f", "--stepfactor", type=int, default=int(_env("STEPFACTOR", "2")), help="size multiplier"
+    )
+    ar.add_argument("-d", "--dtype", default=_env("DTYPE", "float32"), help="dtype(s), comma-separated")
+    ar.add_argument(
+        "-a",
+        "--algorithms",
+        default=_env("ALGORITHMS", "native,ring,hierarchical"),
+        help="hpcring algorithms, comma-separated (auto, native, ring, hierarchical)",
+    )
+    ar.add_argument("-n", "--iters", type=int, default=int(_env("ITERS", "20")), help="timed iterations")
+    ar.add_argument(
+        "-w", "--warmup", type=int, default=int(_env("WARMUP", "5")), help="untimed warm-up iterations"
+    )
+    ar.add_argument(
+        "--no-raw", action="store_true", default=_env("NO_RAW", "") == "1", help="skip mpi4py-raw"
+    )
+    ar.add_argument(
+        "--no-validate",
+        action="store_true",
+        default=_env("NO_VALIDATE", "") == "1",
+        help="call allreduce with validate=False (as the engine does)",
+    )
+    ar.add_argument("--json", default=_env("JSON", "") or None, help="write results as JSON to this file")
+    ar.add_argument("--plot", default=_env("PLOT", "") or None, help="draw busbw vs size into this PNG")
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run the sweep on every rank; rank 0 prints the table and writes the files."""
+    from hpcring import __version__
+    from hpcring._deps import mpi
+    from hpcring.bench import allreduce as bench
+    from hpcring.collective import dtypes, runtime
+
+    if args.iters < 1 or args.warmup < 0:
+        raise ConfigError(f"-n must be >= 1 and -w >= 0, got -n {args.iters} -w {args.warmup}")
+    sizes = bench.sweep(bench.parse_size(args.minbytes), bench.parse_size(args.maxbytes), args.stepfactor)
+    dtype_names = bench.parse_list(args.dtype, dtypes.SUPPORTED, "dtype")
+    if "bool" in dtype_names:
+        raise ConfigError("bool cannot be summed; benchmark a numeric dtype")
+    algorithms = bench.parse_list(args.algorithms, bench.algorithm_choices(), "algorithm")
+    topo = runtime.init()
+    lead = topo.rank == 0
+    rows = bench.measure(
+        sizes,
+        dtype_names,
+        algorithms,
+        iters=args.iters,
+        warmup=args.warmup,
+        raw=not args.no_raw,
+        validate=not args.no_validate,
+        progress=bench.progress_printer(lead),
+    )
+    if not lead:
+        return 1 if any(r.wrong for r in rows) else 0
+    if sys.stderr.isatty():
+        sys.stderr.write("\r\x1b[K")
+    desc = topo.describe()
+    library = mpi().Get_library_version().splitlines()[0].strip()
+    header = {
+        "hpcring": __version__,
+        "mpi": library,
+        "ranks": topo.size,
+        "nodes": desc["node_sizes"],
+        "emulated_nodes": desc["emulated"],
+        "iters": args.iters,
+        "warmup": args.warmup,
+        "validate": not args.no_validate,
+        "op": "sum",
+    }
+    print(f"# hpcring {__version__} allreduce benchmark, {topo.size} ranks, nodes {desc['node_sizes']}")
+    print(f"# {library}")
+    print(f"# iters {args.iters}, warmup {args.warmup}, time = max over ranks of the median iteration")
+    print(bench.format_table(rows), flush=True)
+    if args.json:
+        bench.write_json(Path(args.json), rows, header)
+    if args.plot:
+        bench.plot(Path(args.plot), rows, f"allreduce, {topo.size} ranks, nodes {desc['node_sizes']}")
+    wrong = sum(r.wrong for r in rows)
+    if wrong:
+        print(f"# {wrong} wrong elements", file=sys.stderr)
+    return 1 if wrong else 0

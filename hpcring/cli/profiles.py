@@ -1,0 +1,66 @@
+"""`hpcring profiles list|show NAME|validate FILE|schema`: what the built-in profiles are and whether yours is
+valid."""
+
+from __future__ import annotations
+
+import argparse
+
+from hpcring.errors import ProfileError
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+    sub.add_parser("list", help="list the built-in profiles")
+    show = sub.add_parser("show", help="print a profile's YAML (with its cited sources)")
+    show.add_argument("name", help="profile name, file, or 'local'")
+    val = sub.add_parser(
+        "validate", help="check a profile file; exit 2 with the YAML path of the first error"
+    )
+    val.add_argument("file", nargs="+")
+    schema = sub.add_parser("schema", help="print the JSON Schema of profiles (or of job files)")
+    schema.add_argument("--job", action="store_true", help="the job file schema instead")
+
+
+def _list() -> int:
+    from hpcring.schedulers import profile
+
+    for name in profile.builtin_names():
+        if name == profile.LOCAL:
+            print(f"{name:<20} this machine, detected (/sys, lscpu, nvidia-smi)")
+            continue
+        p = profile.load(name)
+        print(f"{name:<20} {p.site.scheduler:<6} {p.site.launcher:<7} {p.description}")
+    return 0
+
+
+def _validate(files: list[str]) -> int:
+    from hpcring.schedulers import profile
+
+    for f in files:
+        if not f.endswith((".yaml", ".yml")) and "/" not in f:
+            f = f"./{f}"  # a file name, never a built-in profile name
+        try:
+            p = profile.load(f)
+        except ProfileError:
+            raise
+        node = p.node
+        print(
+            f"{f}: valid profile {p.name!r}: {node.sockets} x {node.cores_per_socket} cores x "
+            f"{node.threads_per_core} threads, {len(node.reserved_cores)} reserved, {len(node.gpus)} GPU(s), "
+            f"{p.site.scheduler}/{p.site.launcher}"
+        )
+    return 0
+
+
+def main(args: argparse.Namespace) -> int:
+    from hpcring.schedulers import profile, validation
+
+    if args.action == "list":
+        return _list()
+    if args.action == "show":
+        print(profile.source_of(args.name)[1], end="")
+        return 0
+    if args.action == "validate":
+        return _validate(args.file)
+    print(validation.schema_text("job" if args.job else "profile"), end="")
+    return 0

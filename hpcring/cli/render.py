@@ -1,0 +1,55 @@
+"""`hpcring render`: print (or write with -o) the Slurm/LSF job script for a profile and a job."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    from hpcring.schedulers import options
+
+    options.add_shape_args(parser)
+    options.add_script_args(parser)
+    parser.add_argument(
+        "-o", "--out", default=os.environ.get("HPCRING_OUT"), help="write the script here [HPCRING_OUT]"
+    )
+
+
+def write_script(text: str, files: list[tuple[str, str]], path: Path) -> None:
+    """Write the script (executable) and its extra files next to it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for file_path, content in files:
+        Path(file_path).write_text(content, "utf-8")
+    path.write_text(text, "utf-8")
+    path.chmod(0o755)
+
+
+def prepare(args: argparse.Namespace, out: Path | None) -> tuple[object, str]:
+    """(plan, script text) for the parsed flags; extra files go next to `out` unless --inline-files."""
+    from hpcring.schedulers import mapping, options, plan, render
+
+    prof = options.load_profile(args)
+    job = options.job_from_args(args)
+    rm = mapping.build(prof, job)
+    if out is not None and not args.inline_files:
+        opts = plan.RenderOptions(files_dir=str(out.resolve().parent), basename=out.stem)
+    else:
+        opts = plan.RenderOptions()
+    p = plan.build(rm, job, opts, launcher_name=args.launcher)
+    return p, render.render(p)
+
+
+def main(args: argparse.Namespace) -> int:
+    from hpcring.schedulers.plan import Plan
+
+    out = Path(args.out) if args.out else None
+    p, text = prepare(args, out)
+    assert isinstance(p, Plan)
+    if out is None:
+        print(text, end="")
+        return 0
+    write_script(text, [(f.path, f.content) for f in p.files if f.path], out)
+    print(f"wrote {out}" + "".join(f" and {f.path}" for f in p.files if f.path))
+    return 0

@@ -1,0 +1,206 @@
+"""`hpcring run`: launch a command on N ranks with the installed MPI (flags mirror horovodrun's).
+
+Every flag defaults from an HPCRING_* environment variable, so CI and batch scripts can set them once.
+Engine settings (fusion threshold, cycle time, ...) reach every rank as the variables the engine reads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+from collections.abc import Callable
+
+from hpcring.errors import ConfigError, choices
+from hpcring.launch.command import LaunchSpec, build
+from hpcring.launch.hosts import parse_host_list, parse_hostfile
+
+ALGORITHMS = ("auto", "native", "ring", "hierarchical")
+LOG_LEVELS = ("trace", "debug", "info", "warning", "error", "fatal")
+
+
+def _env(name: str) -> str | None:
+    value = os.environ.get(name)
+    return value if value not in (None, "") else None
+
+
+def _env_flag(name: str) -> bool:
+    return (_env(name) or "0").lower() in ("1", "true", "yes", "on")
+
+
+def _number(kind: Callable[[str], float], text: str, flag: str, *, minimum: float = 0) -> float:
+    try:
+        value = kind(text)
+    except ValueError:
+        raise ConfigError(f"{flag} {text!r} is not a {'whole ' if kind is int else ''}number") from None
+    if value < minimum:
+        raise ConfigError(f"{flag} must be at least {minimum:g}, got {text}")
+    return value
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    """Add the `hpcring run` flags; defaults come from the HPCRING_* variable named in each help text."""
+    parser.usage = "hpcring run -np N [options] -- command [args...]"
+    add = parser.add_argument
+    add("-np", "-n", dest="np", default=_env("HPCRING_NP"), metavar="N", help="number of ranks (HPCRING_NP)")
+    add(
+        "-H",
+        "--hosts",
+        default=_env("HPCRING_HOSTS"),
+        metavar="H:N,...",
+        help="hosts and slots (HPCRING_HOSTS)",
+    )
+    add(
+        "--hostfile",
+        default=_env("HPCRING_HOSTFILE"),
+        help="'host slots=N' or 'host:N' lines (HPCRING_HOSTFILE)",
+    )
+    add("--mpi", default=_env("HPCRING_MPI"), help="expected MPI flavour: openmpi or mpich (HPCRING_MPI)")
+    add(
+        "--emulate-nodes",
+        default=_env("HPCRING_EMULATE_NODES"),
+        metavar="K",
+        help="testing aid: split the ranks into K contiguous pretend nodes (HPCRING_EMULATE_NODES)",
+    )
+    add(
+        "--no-prefix", action="store_true", default=_env_flag("HPCRING_NO_PREFIX"), help="(HPCRING_NO_PREFIX)"
+    )
+    add(
+        "--rsh-agent",
+        default=_env("HPCRING_RSH_AGENT"),
+        help="program used instead of ssh (HPCRING_RSH_AGENT)",
+    )
+    add(
+        "--start-timeout",
+        default=_env("HPCRING_START_TIMEOUT") or "120",
+        metavar="S",
+        help="seconds for all ranks to start (HPCRING_START_TIMEOUT)",
+    )
+    add(
+        "--yield-when-idle",
+        default=_env("HPCRING_YIELD_WHEN_IDLE") or "auto",
+        help="Open MPI yield_when_idle: auto (when ranks outnumber cores), on, off (HPCRING_YIELD_WHEN_IDLE)",
+    )
+    add("--dry-run", action="store_true", default=_env_flag("HPCRING_DRY_RUN"), help="print the mpiexec line")
+    add("--verbose", action="store_true", default=_env_flag("HPCRING_VERBOSE"), help="print what runs")
+    eng = parser.add_argument_group("engine settings (exported to every rank)")
+    eng.add_argument("--fusion-threshold-mb", metavar="MB", help="HPCRING_FUSION_THRESHOLD (bytes)")
+    eng.add_argument("--cycle-time-ms", metavar="MS", help="HPCRING_CYCLE_TIME")
+    eng.add_argument("--cache-capacity", metavar="N", help="HPCRING_CACHE_CAPACITY")
+    eng.add_argument("--timeline-filename", metavar="PATH", help="HPCRING_TIMELINE")
+    eng.add_argument("--timeline-mark-cycles", action="store_true", help="HPCRING_TIMELINE_MARK_CYCLES=1")
+    eng.add_argument(
+        "--stall-check-warning-time-seconds", metavar="S", help="HPCRING_STALL_CHECK_TIME_SECONDS"
+    )
+    eng.add_argument(
+        "--stall-check-shutdown-time-seconds", metavar="S", help="HPCRING_STALL_SHUTDOWN_TIME_SECONDS"
+    )
+    eng.add_argument("--no-stall-check", action="store_true", help="HPCRING_STALL_CHECK_DISABLE=1")
+    eng.add_argument(
+        "--allreduce-algorithm", metavar="ALG", help=f"HPCRING_ALLREDUCE_ALGORITHM: {ALGORITHMS}"
+    )
+    eng.add_argument("--log-level", metavar="LEVEL", help=f"HPCRING_LOG_LEVEL: {LOG_LEVELS}")
+    add("command", nargs=argparse.REMAINDER, help="the command each rank runs, after --")
+
+
+def engine_settings(args: argparse.Namespace) -> dict[str, str]:
+    """Engine flags as the variables the ranks read; unset flags are left to the environment."""
+    out: dict[str, str] = {}
+    if args.fusion_threshold_mb is not None:
+        mb = _number(float, args.fusion_threshold_mb, "--fusion-threshold-mb")
+        out["HPCRING_FUSION_THRESHOLD"] = str(int(mb * 1024 * 1024))
+    if args.cycle_time_ms is not None:
+        out["HPCRING_CYCLE_TIME"] = f"{_number(float, args.cycle_time_ms, '--cycle-time-ms'):g}"
+    if args.cache_capacity is not None:
+        out["HPCRING_CACHE_CAPACITY"] = str(int(_number(int, args.cache_capacity, "--cache-capacity")))
+    if args.timeline_filename:
+        out["HPCRING_TIMELINE"] = os.path.abspath(args.timeline_filename)
+    if args.timeline_mark_cycles:
+        out["HPCRING_TIMELINE_MARK_CYCLES"] = "1"
+    for flag, attr, var in (
+        (
+            "--stall-check-warning-time-seconds",
+            "stall_check_warning_time_seconds",
+            "HPCRING_STALL_CHECK_TIME_SECONDS",
+        ),
+        (
+            "--stall-check-shutdown-time-seconds",
+            "stall_check_shutdown_time_seconds",
+            "HPCRING_STALL_SHUTDOWN_TIME_SECONDS",
+        ),
+    ):
+        if getattr(args, attr) is not None:
+            out[var] = f"{_number(float, getattr(args, attr), flag):g}"
+    if args.no_stall_check:
+        out["HPCRING_STALL_CHECK_DISABLE"] = "1"
+    if args.allreduce_algorithm is not None:
+        if args.allreduce_algorithm not in ALGORITHMS:
+            raise ConfigError(
+                f"--allreduce-algorithm {args.allreduce_algorithm!r}; allowed: {choices(ALGORITHMS)}"
+            )
+        out["HPCRING_ALLREDUCE_ALGORITHM"] = args.allreduce_algorithm
+    if args.log_level is not None:
+        if args.log_level.lower() not in LOG_LEVELS:
+            raise ConfigError(f"--log-level {args.log_level!r}; allowed: {choices(LOG_LEVELS)}")
+        out["HPCRING_LOG_LEVEL"] = args.log_level.lower()
+    return out
+
+
+def _yield(text: str) -> bool | None:
+    value = text.lower()
+    if value not in ("auto", "on", "off", "1", "0", "true", "false"):
+        raise ConfigError(f"--yield-when-idle {text!r}; allowed: {choices(('auto', 'on', 'off'))}")
+    return None if value == "auto" else value in ("on", "1", "true")
+
+
+def build_spec(args: argparse.Namespace) -> LaunchSpec:
+    """Validate the flags into a LaunchSpec; any mistake is a ConfigError (exit 2) before anything starts."""
+    if args.np is None:
+        raise ConfigError(
+            "-np N is required (the number of ranks), e.g. hpcring run -np 4 -- python train.py"
+        )
+    np = int(_number(int, str(args.np), "-np", minimum=1))
+    if args.hosts and args.hostfile:
+        raise ConfigError("give either -H/--hosts or --hostfile, not both")
+    hosts = (
+        parse_host_list(args.hosts) if args.hosts else parse_hostfile(args.hostfile) if args.hostfile else []
+    )
+    emulate = None
+    if args.emulate_nodes is not None:
+        emulate = int(_number(int, str(args.emulate_nodes), "--emulate-nodes", minimum=1))
+    command = list(args.command)
+    if command[:1] == ["--"]:
+        command = command[1:]
+    return LaunchSpec(
+        np=np,
+        command=tuple(command),
+        hosts=tuple(hosts),
+        emulate_nodes=emulate,
+        prefix=not args.no_prefix,
+        rsh_agent=os.path.abspath(args.rsh_agent) if args.rsh_agent else None,
+        yield_when_idle=_yield(args.yield_when_idle),
+        start_timeout_s=_number(float, str(args.start_timeout), "--start-timeout", minimum=1),
+        settings=engine_settings(args),
+    )
+
+
+def main(args: argparse.Namespace) -> int:
+    from hpcring.launch.flavour import resolve
+    from hpcring.launch.supervisor import Supervisor
+
+    spec = build_spec(args)
+    spec.oversubscribed()  # validates -np against the hosts' slots before anything starts
+    install = resolve(args.mpi)
+    sup = Supervisor(install, spec)
+    if args.dry_run:
+        argv, env = build(install, spec, sup.wrapper_argv(["HOST:PORT"]), {})
+        extra = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items()))
+        print((extra + " " if extra else "") + shlex.join(argv))
+        return 0
+
+    def show(argv: list[str]) -> None:
+        if args.verbose:
+            print(f"hpcring run: {install.flavour} ({install.version}): {shlex.join(argv)}", file=sys.stderr)
+
+    return sup.run(on_start=show)

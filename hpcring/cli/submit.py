@@ -1,0 +1,91 @@
+"""`hpcring submit`: render the job script, submit it with sbatch/bsub, print the job id; `--wait` returns the
+job's
+exit code; `--dry-run` shows the script, its files and the submit command without submitting."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shlex
+import sys
+import time
+from pathlib import Path
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    from hpcring.schedulers import options
+
+    options.add_shape_args(parser)
+    options.add_script_args(parser)
+    parser.add_argument(
+        "-o", "--out", default=os.environ.get("HPCRING_OUT"), help="script path [HPCRING_OUT]"
+    )
+    parser.add_argument(
+        "--script-dir",
+        default=os.environ.get("HPCRING_SCRIPT_DIR") or "hpcring-jobs",
+        help="where scripts go without -o [HPCRING_SCRIPT_DIR, default ./hpcring-jobs]",
+    )
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        default=options.env_flag("HPCRING_DRY_RUN"),
+        help="show everything, submit nothing [HPCRING_DRY_RUN]",
+    )
+    parser.add_argument(
+        "--wait",
+        action="store_true",
+        default=options.env_flag("HPCRING_WAIT"),
+        help="wait for the job and exit with its exit code [HPCRING_WAIT]",
+    )
+    parser.add_argument(
+        "--poll",
+        type=float,
+        default=float(os.environ.get("HPCRING_POLL") or 0.5),
+        help="seconds between state polls with --wait [HPCRING_POLL]",
+    )
+    parser.add_argument(
+        "--wait-timeout",
+        type=float,
+        default=options.env_default("HPCRING_WAIT_TIMEOUT", float),
+        help="give up waiting after this many seconds [HPCRING_WAIT_TIMEOUT]",
+    )
+
+
+def _script_path(args: argparse.Namespace, name: str) -> Path:
+    if args.out:
+        return Path(args.out)
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", name)[:60] or "job"
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return Path(args.script_dir) / f"{safe}-{stamp}-{os.getpid()}.sh"
+
+
+def main(args: argparse.Namespace) -> int:
+    from hpcring.cli.render import prepare, write_script
+    from hpcring.schedulers import options
+    from hpcring.schedulers import submit as sub
+    from hpcring.schedulers.plan import Plan
+
+    job = options.job_from_args(args)
+    path = _script_path(args, job.name).absolute()
+    p, text = prepare(args, path)
+    assert isinstance(p, Plan)
+    argv = [*p.submit_argv, str(path)]
+    if args.dry_run:
+        print(f"# script: {path}")
+        print(text, end="")
+        for f in p.files:
+            if f.path:
+                print(f"# file: {f.path}\n{f.content}", end="")
+        print(f"# would run: {shlex.join(argv)}")
+        return 0
+    write_script(text, [(f.path, f.content) for f in p.files if f.path], path)
+    job_id = sub.submit(p.scheduler, argv)
+    print(job_id, flush=True)
+    if not args.wait:
+        return 0
+    result = sub.wait(p.scheduler, job_id, poll=args.poll, timeout=args.wait_timeout)
+    print(
+        f"hpcring submit: job {job_id} ended: {result.state}, exit code {result.exit_code}", file=sys.stderr
+    )
+    return result.exit_code

@@ -1,0 +1,23 @@
+"""The asynchronous engine: named requests, negotiation with a response cache, fusion, stall inspector, timeline.
+
+Framework-agnostic: requests carry numpy views and metadata; `hpcring.torch` adapts tensors. Importing this
+package does not import mpi4py or torch (the engine loads them when it starts).
+"""
+
+from __future__ import annotations
+
+from hpcring.collective.engine.engine import Engine, numpy_dtype
+from hpcring.collective.engine.process_sets import ProcessSet, global_process_set
+from hpcring.collective.engine.request import Handle, OpType, Request, Signature, signature_shape
+
+__all__ = [
+    "Engine",
+    "Handle",
+    "OpType",
+    "ProcessSet",
+    "Request",
+    "Signature",
+    "global_process_set",
+    "numpy_dtype",
+    "signature_shape",
+]

@@ -1,0 +1,137 @@
+"""Chrome-trace timeline of the engine (open the file in https://ui.perfetto.dev or chrome://tracing).
+
+One row ("process") per tensor name, as Horovod draws it. Each request shows `NEGOTIATE_<OP>` from submission
+until every rank has submitted it (with an instant marker when each rank's submission became known), then
+`<OP>` enclosing `QUEUE`, `MEMCPY_IN_FUSION_BUFFER`, the collective itself (with the algorithm's own phases
+nested when the collective library reports them, e.g. the three hierarchical stages) and
+`MEMCPY_OUT_FUSION_BUFFER`. Events are streamed as they happen so a crashed job still leaves a readable file
+(Chrome and Perfetto accept an array without its closing bracket; `close()` writes it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import IO, Any
+
+
+class Timeline:
+    """Thread-safe writer of one trace file."""
+
+    def __init__(self, path: str, *, mark_cycles: bool = False, rank: int = 0) -> None:
+        self.path = path
+        self.mark_cycles = mark_cycles
+        self.rank = rank
+        parent = os.path.dirname(os.path.abspath(path))
+        os.makedirs(parent, exist_ok=True)
+        self._file: IO[str] | None = open(path, "w", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        self._file.write("[\n")
+        self._lock = threading.Lock()
+        self._pids: dict[str, int] = {}
+        self._t0 = time.monotonic()
+        self._last_flush = self._t0
+        self._write(
+            {"name": "process_name", "ph": "M", "pid": 0, "args": {"name": f"hpcring engine (rank {rank})"}}
+        )
+
+    def _ts(self, when: float | None) -> float:
+        """Microseconds since the timeline started (monotonic clock, like request timestamps)."""
+        return round(((time.monotonic() if when is None else when) - self._t0) * 1e6, 3)
+
+    def _write(self, event: dict[str, Any]) -> None:
+        if self._file is None:
+            return
+        self._file.write(json.dumps(event, separators=(",", ":")) + ",\n")
+        now = time.monotonic()
+        if now - self._last_flush > 1.0:
+            self._file.flush()
+            self._last_flush = now
+
+    def _pid(self, tensor: str) -> int:
+        pid = self._pids.get(tensor)
+        if pid is None:
+            pid = self._pids[tensor] = len(self._pids) + 1
+            self._write({"name": "process_name", "ph": "M", "pid": pid, "args": {"name": tensor}})
+            self._write({"name": "process_sort_index", "ph": "M", "pid": pid, "args": {"sort_index": pid}})
+        return pid
+
+    def begin(
+        self, tensor: str, phase: str, *, when: float | None = None, args: dict[str, Any] | None = None
+    ) -> None:
+        with self._lock:
+            event: dict[str, Any] = {
+                "name": phase,
+                "ph": "B",
+                "ts": self._ts(when),
+                "pid": self._pid(tensor),
+                "tid": 0,
+            }
+            if args:
+                event["args"] = args
+            self._write(event)
+
+    def end(self, tensor: str, phase: str, *, when: float | None = None) -> None:
+        with self._lock:
+            self._write({"name": phase, "ph": "E", "ts": self._ts(when), "pid": self._pid(tensor), "tid": 0})
+
+    def instant(self, tensor: str, label: str, *, args: dict[str, Any] | None = None) -> None:
+        with self._lock:
+            event: dict[str, Any] = {
+                "name": label,
+                "ph": "i",
+                "s": "p",
+                "ts": self._ts(None),
+                "pid": self._pid(tensor),
+            }
+            event["tid"] = 0
+            if args:
+                event["args"] = args
+            self._write(event)
+
+    def cycle(self, number: int) -> None:
+        """Mark the start of a negotiation cycle (only when HPCRING_TIMELINE_MARK_CYCLES is on)."""
+        if not self.mark_cycles:
+            return
+        with self._lock:
+            self._write(
+                {
+                    "name": "CYCLE_START",
+                    "ph": "i",
+                    "s": "g",
+                    "ts": self._ts(None),
+                    "pid": 0,
+                    "tid": 0,
+                    "args": {"cycle": number},
+                }
+            )
+
+    @contextmanager
+    def span(self, tensors: Iterable[str], phase: str) -> Iterator[None]:
+        """`phase` on every tensor of a (fused) batch for the duration of the block."""
+        names = list(tensors)
+        now = time.monotonic()
+        for t in names:
+            self.begin(t, phase, when=now)
+        try:
+            yield
+        finally:
+            now = time.monotonic()
+            for t in names:
+                self.end(t, phase, when=now)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._file is None:
+                return
+            self._file.write(
+                json.dumps(
+                    {"name": "trace_end", "ph": "i", "s": "g", "ts": self._ts(None), "pid": 0, "tid": 0}
+                )
+                + "\n]\n"
+            )
+            self._file.close()
+            self._file = None

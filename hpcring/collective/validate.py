@@ -1,0 +1,71 @@
+"""Cross-rank agreement on a collective's arguments, so that a mismatch fails everywhere instead of hanging.
+
+Each rank checks its own arguments, then all ranks exchange a small signature (dtype, shapes, op, root, scale
+factors, algorithm) plus any local error in one tiny allgather. Every rank sees the same gathered list, so
+every
+rank reaches the same verdict: the rank whose argument was bad re-raises its own error, the others raise
+CollectiveError naming it; a disagreement raises CollectiveError on all, naming the ranks and their values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from hpcring.collective.backends.base import Transport
+from hpcring.errors import CollectiveError, HpcringError
+
+T = TypeVar("T")
+Signature = dict[str, Any]
+
+
+def _ranks(ranks: list[int]) -> str:
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
+
+
+def describe_mismatch(what: str, key: str, values: list[Any]) -> str:
+    """Message for a field that differs: each distinct value with the ranks that passed it."""
+    groups: dict[str, list[int]] = {}
+    for r, v in enumerate(values):
+        groups.setdefault(repr(v), []).append(r)
+    parts = "; ".join(f"{v} on {_ranks(rs)}" for v, rs in groups.items())
+    return f"{what}: {key} differs across ranks: {parts}; every rank must pass the same {key}"
+
+
+def agree(t: Transport, what: str, sig: Signature | None, error: HpcringError | None) -> list[Signature]:
+    """Exchange signatures; raise on every rank if any rank failed locally or any compared field differs.
+
+    Keys starting with `_` are gathered but not compared (per-rank values such as allgather's row counts).
+    """
+    gathered = t.allgather_object((sig, None if error is None else str(error)))
+    if error is not None:
+        raise error
+    failed = [(r, msg) for r, (_, msg) in enumerate(gathered) if msg is not None]
+    if failed:
+        detail = "; ".join(f"rank {r}: {msg}" for r, msg in failed)
+        raise CollectiveError(f"{what}: invalid arguments on {_ranks([r for r, _ in failed])} ({detail})")
+    sigs: list[Signature] = [s for s, _ in gathered]
+    for key in sigs[0]:
+        if key.startswith("_"):
+            continue
+        values = [s.get(key) for s in sigs]
+        if any(v != values[0] for v in values):
+            raise CollectiveError(describe_mismatch(what, key, values))
+    return sigs
+
+
+def prepare(
+    t: Transport, what: str, validate: bool, check: Callable[[], tuple[Signature, T]]
+) -> tuple[T, list[Signature] | None]:
+    """Run the local `check`; with `validate`, agree across ranks first (the gathered signatures are
+    returned)."""
+    try:
+        sig, payload = check()
+    except HpcringError as exc:
+        if not validate:
+            raise
+        agree(t, what, None, exc)
+        raise AssertionError("unreachable: agree re-raises the local error") from exc
+    if not validate:
+        return payload, None
+    return payload, agree(t, what, sig, None)

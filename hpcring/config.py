@@ -1,0 +1,163 @@
+"""Runtime settings of the engine, read from the environment in one place.
+
+Every setting has an `HPCRING_*` variable (what `hpcring run` exports from its flags) and, for users migrating
+from Horovod, the matching `HOROVOD_*` name as an alias; when both are set the `HPCRING_*` one wins. A bad value
+is a ConfigError naming the variable, the value and what is allowed, raised at `init()` rather than deep in a
+background thread.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from hpcring.errors import ConfigError, choices
+
+ALGORITHMS = ("auto", "native", "ring", "hierarchical")
+LOG_LEVELS = ("trace", "debug", "info", "warning", "error", "fatal")
+
+DEFAULT_FUSION_THRESHOLD = 64 * 1024 * 1024  # bytes, as Horovod
+DEFAULT_CYCLE_TIME_MS = 1.0
+DEFAULT_CACHE_CAPACITY = 1024
+DEFAULT_STALL_CHECK_S = 60.0
+
+_SIZE_SUFFIX = {
+    "": 1,
+    "b": 1,
+    "k": 1024,
+    "kb": 1024,
+    "kib": 1024,
+    "m": 1 << 20,
+    "mb": 1 << 20,
+    "mib": 1 << 20,
+}
+_SIZE_SUFFIX.update({"g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30})
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off", "")
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """What the background engine needs to know; frozen so a running engine never sees a half-changed value."""
+
+    fusion_threshold: int = (
+        DEFAULT_FUSION_THRESHOLD  # bytes packed into one fused collective; 0 disables fusion
+    )
+    cycle_time_ms: float = DEFAULT_CYCLE_TIME_MS  # minimum time between two negotiation cycles
+    cache_capacity: int = DEFAULT_CACHE_CAPACITY  # response-cache entries; 0 disables the fast path
+    timeline: str | None = None  # Chrome-trace output path (rank 0, or every rank when it contains "{rank}")
+    timeline_mark_cycles: bool = False
+    stall_check_time_s: float = DEFAULT_STALL_CHECK_S
+    stall_shutdown_time_s: float = 0.0  # 0: never shut down on a stall
+    stall_check_disable: bool = False
+    allreduce_algorithm: str = "auto"
+    log_level: str = "warning"
+
+
+def _lookup(env: Mapping[str, str], name: str, aliases: tuple[str, ...] = ()) -> tuple[str, str] | None:
+    """(variable, value) of the first of HPCRING_<name>, HOROVOD_<name>, *aliases that is set."""
+    for var in (f"HPCRING_{name}", f"HOROVOD_{name}", *aliases):
+        if var in env:
+            return var, env[var].strip()
+    return None
+
+
+def parse_bytes(var: str, text: str) -> int:
+    """A byte count such as `67108864`, `64MiB` or `64M`; ConfigError otherwise."""
+    m = re.fullmatch(r"(\d+)\s*([a-zA-Z]*)", text)
+    if not m or m.group(2).lower() not in _SIZE_SUFFIX:
+        raise ConfigError(
+            f"{var}={text!r} is not a byte count; use an integer number of bytes (e.g. 67108864) or a size like '64MiB'"
+        )
+    return int(m.group(1)) * _SIZE_SUFFIX[m.group(2).lower()]
+
+
+def parse_float(var: str, text: str, *, minimum: float = 0.0) -> float:
+    """A number >= minimum; ConfigError naming the variable otherwise."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigError(f"{var}={text!r} is not a number; expected a number >= {minimum:g}") from None
+    if not value >= minimum:  # also refuses NaN
+        raise ConfigError(f"{var}={text!r} is out of range; expected a number >= {minimum:g}")
+    return value
+
+
+def parse_int(var: str, text: str, *, minimum: int = 0) -> int:
+    """An integer >= minimum; ConfigError naming the variable otherwise."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise ConfigError(f"{var}={text!r} is not an integer; expected an integer >= {minimum}") from None
+    if value < minimum:
+        raise ConfigError(f"{var}={text!r} is out of range; expected an integer >= {minimum}")
+    return value
+
+
+def parse_bool(var: str, text: str) -> bool:
+    """1/0, true/false, yes/no, on/off (any case)."""
+    low = text.lower()
+    if low in _TRUE:
+        return True
+    if low in _FALSE:
+        return False
+    raise ConfigError(f"{var}={text!r} is not a boolean; use {choices(('1', '0', 'true', 'false'))}")
+
+
+def parse_choice(var: str, text: str, allowed: tuple[str, ...]) -> str:
+    """One of `allowed` (case-insensitive)."""
+    low = text.lower()
+    if low not in allowed:
+        raise ConfigError(f"{var}={text!r} is not allowed; use {choices(allowed)}")
+    return low
+
+
+def _algorithm(env: Mapping[str, str]) -> str:
+    found = _lookup(env, "ALLREDUCE_ALGORITHM")
+    if found:
+        return parse_choice(*found, ALGORITHMS)
+    # Horovod's switch for the node-aware allreduce.
+    hier = _lookup(env, "HIERARCHICAL_ALLREDUCE")
+    if hier and parse_bool(*hier):
+        return "hierarchical"
+    return "auto"
+
+
+def _log_level(env: Mapping[str, str]) -> str:
+    found = _lookup(env, "LOG_LEVEL")
+    return parse_choice(*found, LOG_LEVELS) if found else "warning"
+
+
+def engine_settings(env: Mapping[str, str] | None = None) -> EngineSettings:
+    """Read every engine setting from `env` (default: os.environ); ConfigError on the first bad value."""
+    env = os.environ if env is None else env
+    found = _lookup(env, "FUSION_THRESHOLD")
+    fusion = parse_bytes(*found) if found else DEFAULT_FUSION_THRESHOLD
+    found = _lookup(env, "CYCLE_TIME")
+    cycle = parse_float(*found) if found else DEFAULT_CYCLE_TIME_MS
+    found = _lookup(env, "CACHE_CAPACITY")
+    cache = parse_int(*found) if found else DEFAULT_CACHE_CAPACITY
+    found = _lookup(env, "TIMELINE")
+    timeline = found[1] if found and found[1] else None
+    found = _lookup(env, "TIMELINE_MARK_CYCLES")
+    mark = parse_bool(*found) if found else False
+    found = _lookup(env, "STALL_CHECK_TIME_SECONDS")
+    stall = parse_float(*found) if found else DEFAULT_STALL_CHECK_S
+    found = _lookup(env, "STALL_SHUTDOWN_TIME_SECONDS")
+    shutdown = parse_float(*found) if found else 0.0
+    found = _lookup(env, "STALL_CHECK_DISABLE")
+    disable = parse_bool(*found) if found else False
+    return EngineSettings(
+        fusion_threshold=fusion,
+        cycle_time_ms=cycle,
+        cache_capacity=cache,
+        timeline=timeline,
+        timeline_mark_cycles=mark,
+        stall_check_time_s=stall,
+        stall_shutdown_time_s=shutdown,
+        stall_check_disable=disable,
+        allreduce_algorithm=_algorithm(env),
+        log_level=_log_level(env),
+    )

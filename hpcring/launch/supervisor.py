@@ -1,0 +1,381 @@
+"""`hpcring run`'s supervisor: starts mpiexec, talks to every rank's wrapper, prints output, ends the job.
+
+One thread, one selector: the control socket accepts the wrappers, their frames carry output and exit reports,
+and a periodic tick watches mpiexec and the deadlines. The first rank that fails decides the exit code; every
+other rank is then told to stop (SIGTERM, then SIGKILL after the wrapper's grace), and mpiexec is killed if it
+lingers, so the whole job ends within ~10 s of a failure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import BinaryIO
+
+from hpcring.errors import LaunchError
+from hpcring.launch import protocol
+from hpcring.launch.command import LaunchSpec, build
+from hpcring.launch.env import RANK_VARIABLES, rank_environment
+from hpcring.launch.flavour import MpiInstall
+from hpcring.launch.layout import emulated_nodes, node_of_hosts, places
+
+ABORT_GRACE_S = 6.0  # after telling survivors to stop, before killing mpiexec's process group
+_FORWARD_SKIP_PREFIXES = ("OMPI_", "PMIX_", "PRTE_", "PMI_", "HYDRA_", "MPIR_", "MPI_LOCAL", "SLURM_", "LSB_")
+_FORWARD_SKIP = frozenset({"PWD", "OLDPWD", "SHLVL", "_", "HOSTNAME", "TERM", "DISPLAY", "SSH_CONNECTION"})
+
+
+def describe_end(code: int | None, sig: int | None) -> str:
+    """How a rank ended, in the words the launcher prints: 'exited with code 3' / 'was killed by ...'."""
+    if sig is not None:
+        try:
+            name = signal.Signals(sig).name
+        except ValueError:
+            name = f"signal {sig}"
+        return f"was killed by signal {sig} ({name})"
+    return f"exited with code {code}"
+
+
+def exit_status(code: int | None, sig: int | None) -> int:
+    """Shell convention: a signal becomes 128 + its number."""
+    return 128 + sig if sig is not None else int(code or 0)
+
+
+def free_port() -> int:
+    """A TCP port free on this machine now, for MASTER_PORT (torch's rendezvous on rank 0's host)."""
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+def _route_source(host: str) -> str | None:
+    """The local address this machine uses to reach `host` (a UDP connect sends nothing)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((host, 9))
+            return str(s.getsockname()[0])
+    except OSError:
+        return None
+
+
+def forwarded_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The launcher's variables that remote ranks get when theirs lack them (MPI internals excluded)."""
+    return {
+        k: v
+        for k, v in env.items()
+        if k not in _FORWARD_SKIP and not k.startswith(_FORWARD_SKIP_PREFIXES) and k not in RANK_VARIABLES
+    }
+
+
+@dataclass
+class Conn:
+    """One wrapper's connection."""
+
+    sock: socket.socket
+    reader: protocol.FrameReader = field(default_factory=protocol.FrameReader)
+    rank: int | None = None
+    host: str = ""
+    partial: dict[bytes, bytes] = field(default_factory=dict)
+    exited: bool = False
+
+
+class Supervisor:
+    """Runs one job; `run()` returns the launcher's exit code."""
+
+    def __init__(
+        self,
+        install: MpiInstall,
+        spec: LaunchSpec,
+        *,
+        stdout: BinaryIO | None = None,
+        stderr: BinaryIO | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.install = install
+        self.spec = spec
+        self.out = stdout or sys.stdout.buffer
+        self.err = stderr or sys.stderr.buffer
+        self.base_env = dict(os.environ if env is None else env)
+        self.token = secrets.token_hex(16)
+        self.sel = selectors.DefaultSelector()
+        self.conns: dict[int, Conn] = {}  # by rank, once known
+        self.failure: tuple[int, str, int] | None = None  # (rank, how, exit status)
+        self.interrupted: int | None = None
+        self.started = False
+        self.abort_at: float | None = None
+        self.mpiexec: subprocess.Popen[bytes] | None = None
+        self.master_port = free_port()
+
+    # ---- output -------------------------------------------------------------------------------------------
+    def _note(self, text: str) -> None:
+        self.err.write(f"hpcring run: {text}\n".encode())
+        self.err.flush()
+
+    def _emit(self, conn: Conn, kind: bytes, data: bytes, final: bool = False) -> None:
+        """Write whole lines only, each prefixed with `[rank]<stream>:`; a last partial line at the end."""
+        buf = conn.partial.get(kind, b"") + data
+        lines = buf.split(b"\n")
+        rest = lines.pop()
+        # At the end, or for a runaway line without newline: pass it on rather than hoard it.
+        if (final and rest) or len(rest) > 1 << 20:
+            lines.append(rest)
+            rest = b""
+        conn.partial[kind] = rest
+        if not lines:
+            return
+        stream = self.out if kind == protocol.STDOUT else self.err
+        if self.spec.prefix:
+            tag = f"[{conn.rank}]<{'stdout' if kind == protocol.STDOUT else 'stderr'}>:".encode()
+            stream.write(b"".join(tag + line + b"\n" for line in lines))
+        else:
+            stream.write(b"".join(line + b"\n" for line in lines))
+        stream.flush()
+
+    # ---- job control --------------------------------------------------------------------------------------
+    def _fail(self, rank: int, how: str, status: int) -> None:
+        if self.failure is None and self.interrupted is None:
+            self.failure = (rank, how, status)
+            self._note(f"rank {rank} {how}; ending the other ranks")
+            self._abort()
+
+    def _abort(self) -> None:
+        """Tell every running wrapper to end its command; mpiexec is killed if it lingers past the grace."""
+        if self.abort_at is not None:
+            return
+        self.abort_at = time.monotonic() + ABORT_GRACE_S
+        for conn in self.conns.values():
+            if not conn.exited:
+                with contextlib.suppress(OSError):
+                    conn.sock.sendall(protocol.json_frame(protocol.TERMINATE, {"reason": "job aborted"}))
+
+    def _kill_mpiexec(self, sig: signal.Signals) -> None:
+        if self.mpiexec is not None and self.mpiexec.poll() is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.mpiexec.pid, sig)
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        if self.interrupted is None:
+            self.interrupted = signum
+            self._note(f"received {signal.Signals(signum).name}; ending all ranks")
+            self._abort()
+
+    # ---- control socket -----------------------------------------------------------------------------------
+    def _listen(self) -> tuple[socket.socket, list[str]]:
+        if not self.spec.remote:
+            sock = socket.create_server(("127.0.0.1", 0), backlog=256)
+            return sock, [f"127.0.0.1:{sock.getsockname()[1]}"]
+        sock = socket.create_server(("0.0.0.0", 0), backlog=256)
+        port = sock.getsockname()[1]
+        addrs: list[str] = []
+        for host in self.spec.hosts:
+            src = _route_source(host.name)
+            if src and f"{src}:{port}" not in addrs:
+                addrs.append(f"{src}:{port}")
+        addrs.append(f"{socket.gethostname()}:{port}")
+        return sock, addrs
+
+    def _accept(self, server: socket.socket) -> None:
+        sock, _ = server.accept()
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.setblocking(False)
+        self.sel.register(sock, selectors.EVENT_READ, Conn(sock))
+
+    def _read(self, conn: Conn) -> None:
+        try:
+            data = conn.sock.recv(1 << 20)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._closed(conn)
+            return
+        try:
+            for kind, payload in conn.reader.feed(data):
+                self._frame(conn, kind, payload)
+        except ValueError as exc:
+            self._note(f"dropping a control connection: {exc}")
+            self._closed(conn)
+
+    def _frame(self, conn: Conn, kind: bytes, payload: bytes) -> None:
+        if kind == protocol.HELLO:
+            hello = protocol.decode(payload)
+            if hello.get("token") != self.token or not isinstance(hello.get("rank"), int):
+                raise ValueError("a connection without this job's token")
+            rank = int(hello["rank"])
+            if rank in self.conns or not 0 <= rank < self.spec.np:
+                raise ValueError(f"unexpected or duplicate rank {rank}")
+            if hello.get("size") not in (None, self.spec.np):
+                raise ValueError(
+                    f"rank {rank} reports world size {hello.get('size')}, expected {self.spec.np}"
+                )
+            conn.rank, conn.host = rank, str(hello.get("host", ""))
+            self.conns[rank] = conn
+            if len(self.conns) == self.spec.np:
+                self._go()
+        elif conn.rank is None:
+            raise ValueError("a frame before the wrapper's hello")
+        elif kind in (protocol.STDOUT, protocol.STDERR):
+            self._emit(conn, kind, payload)
+        elif kind == protocol.EXITED:
+            self._exited(conn, protocol.decode(payload))
+
+    def _go(self) -> None:
+        """Every rank has checked in: send each its environment, computed from where the ranks really run."""
+        hosts = [self.conns[r].host for r in range(self.spec.np)]
+        if self.spec.emulate_nodes:
+            nodes = emulated_nodes(self.spec.np, self.spec.emulate_nodes)
+        else:
+            nodes = node_of_hosts(hosts)
+        defaults = forwarded_env(self.base_env)
+        defaults.setdefault("PYTHONUNBUFFERED", "1")
+        common = dict(self.spec.settings)
+        if self.spec.emulate_nodes:
+            common["HPCRING_EMULATE_NODES"] = str(self.spec.emulate_nodes)
+        master = self.spec.master_addr()
+        for place in places(nodes):
+            override = {**common}
+            override.update(
+                rank_environment(
+                    rank=place.rank,
+                    size=self.spec.np,
+                    local_rank=place.local_rank,
+                    local_size=place.local_size,
+                    cross_rank=place.cross_rank,
+                    cross_size=place.cross_size,
+                    master_addr=master,
+                    master_port=self.master_port,
+                )
+            )
+            with contextlib.suppress(OSError):
+                self.conns[place.rank].sock.setblocking(True)
+                self.conns[place.rank].sock.sendall(
+                    protocol.json_frame(protocol.GO, {"override": override, "defaults": defaults})
+                )
+                self.conns[place.rank].sock.setblocking(False)
+        self.started = True
+
+    def _exited(self, conn: Conn, report: dict[str, object]) -> None:
+        conn.exited = True
+        for kind in list(conn.partial):
+            self._emit(conn, kind, b"", final=True)
+        code = report.get("code")
+        sig = report.get("signal")
+        code_i = int(code) if isinstance(code, int) else None
+        sig_i = int(sig) if isinstance(sig, int) else None
+        if report.get("ended_by_launcher") or self.abort_at is not None:
+            return  # one we (or a failing peer) ended: not the cause
+        if sig_i is not None or code_i != 0:
+            assert conn.rank is not None
+            self._fail(conn.rank, describe_end(code_i, sig_i), exit_status(code_i, sig_i))
+
+    def _closed(self, conn: Conn) -> None:
+        with contextlib.suppress(KeyError, ValueError):
+            self.sel.unregister(conn.sock)
+        conn.sock.close()
+        if conn.rank is None:
+            return
+        for kind in list(conn.partial):
+            self._emit(conn, kind, b"", final=True)
+        if not conn.exited:
+            conn.exited = True
+            if self.abort_at is None:
+                self._fail(conn.rank, "lost contact with the launcher (its wrapper died)", 1)
+
+    # ---- main loop ----------------------------------------------------------------------------------------
+    def wrapper_argv(self, addresses: list[str]) -> list[str]:
+        """How mpiexec starts the per-rank wrapper (same python as the launcher: the venv with the MPI)."""
+        return [
+            sys.executable,
+            "-m",
+            "hpcring.launch.rankwrap",
+            "--control",
+            ",".join(addresses),
+            "--token",
+            self.token,
+            "--",
+            *self.spec.command,
+        ]
+
+    def run(self, on_start: Callable[[list[str]], None] | None = None) -> int:
+        server, addresses = self._listen()
+        server.setblocking(False)
+        self.sel.register(server, selectors.EVENT_READ, None)
+        argv, env = build(self.install, self.spec, self.wrapper_argv(addresses), self.base_env)
+        if on_start:
+            on_start(argv)
+        previous = {
+            s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+        }
+        try:
+            try:
+                self.mpiexec = subprocess.Popen(
+                    argv, env=env, stdin=subprocess.DEVNULL, start_new_session=True
+                )
+            except OSError as exc:
+                raise LaunchError(f"cannot start {argv[0]}: {exc.strerror or exc}") from None
+            return self._loop(server)
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+            self._kill_mpiexec(signal.SIGKILL)
+            for key in list(self.sel.get_map().values()):
+                with contextlib.suppress(OSError):
+                    key.fileobj.close()  # type: ignore[union-attr]
+            self.sel.close()
+
+    def _loop(self, server: socket.socket) -> int:
+        assert self.mpiexec is not None
+        start_deadline = time.monotonic() + self.spec.start_timeout_s
+        mpiexec_done_at: float | None = None
+        killed = False
+        while True:
+            for key, _ in self.sel.select(timeout=0.2):
+                if key.data is None:
+                    self._accept(server)
+                else:
+                    self._read(key.data)
+            now = time.monotonic()
+            if not self.started and now > start_deadline and self.abort_at is None:
+                self._note(
+                    f"only {len(self.conns)} of {self.spec.np} ranks started within "
+                    f"{self.spec.start_timeout_s:g} s; ending the job"
+                )
+                self.failure = (-1, "did not start", 1)
+                self._abort()
+            if self.abort_at is not None and now > self.abort_at and not killed:
+                self._kill_mpiexec(signal.SIGTERM)
+                killed = True
+                self.abort_at = now + 2.0
+            elif killed and self.abort_at is not None and now > self.abort_at:
+                self._kill_mpiexec(signal.SIGKILL)
+            if mpiexec_done_at is None and self.mpiexec.poll() is not None:
+                mpiexec_done_at = now
+            live = [c for c in self.conns.values() if not c.exited]
+            # Done when mpiexec has exited and every wrapper has reported (or a short drain has passed).
+            if mpiexec_done_at is not None and (not live or now - mpiexec_done_at > 3.0):
+                break
+        return self._result()
+
+    def _result(self) -> int:
+        assert self.mpiexec is not None
+        rc = self.mpiexec.returncode
+        if self.interrupted is not None:
+            return 128 + self.interrupted
+        if self.failure is not None:
+            return self.failure[2]
+        if len(self.conns) < self.spec.np:
+            self._note(f"mpiexec exited with code {rc} before all {self.spec.np} ranks started")
+            return rc if rc else 1
+        if rc != 0:
+            self._note(f"mpiexec exited with code {rc} although every rank succeeded")
+            return rc if rc > 0 else 128 - rc
+        return 0

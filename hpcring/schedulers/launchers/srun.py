@@ -1,0 +1,71 @@
+"""srun: Slurm's launcher. Binding comes from the mapping as per-local-task lists (`map_cpu`/`mask_cpu`,
+`map_gpu`/`mask_gpu`), or `--gpu-bind=closest` where the site documents it (Frontier)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from hpcring.schedulers import cpuset
+from hpcring.schedulers.mapping import RankMap
+from hpcring.schedulers.plan import Launcher, register_launcher
+
+
+def cpu_bind(rm: RankMap) -> str:
+    """`--cpu-bind=` value: map_cpu when every rank has one CPU, else mask_cpu (Slurm 22.05 syntax)."""
+    if not rm.profile.site.binding:
+        return "none"
+    slots = rm.slots(0)
+    if all(len(s.cpus) == 1 for s in slots):
+        return "map_cpu:" + ",".join(str(s.cpus[0]) for s in slots)
+    return "mask_cpu:" + ",".join(cpuset.mask(s.cpus) for s in slots)
+
+
+def gpu_flags(rm: RankMap) -> list[str]:
+    """GPU request and binding: per task when isolated; the whole set, unbound, when shared."""
+    shape, node, site = rm.shape, rm.profile.node, rm.profile.site
+    if shape.gpus_per_rank == 0:
+        return []
+    if node.gpu_visibility == "shared":
+        return [f"--gpus-per-node={shape.gpus_per_rank * shape.max_ranks_per_node}", "--gpu-bind=none"]
+    flags = [f"--gpus-per-task={shape.gpus_per_rank}"]
+    style = site.slurm.gpu_bind
+    if style == "closest":
+        flags.append("--gpu-bind=closest")
+    elif style == "none":
+        flags.append("--gpu-bind=none")
+    elif shape.gpus_per_rank == 1:
+        flags.append("--gpu-bind=map_gpu:" + ",".join(str(s.gpu_sched[0]) for s in rm.slots(0)))
+    else:
+        flags.append("--gpu-bind=mask_gpu:" + ",".join(cpuset.mask(s.gpu_sched) for s in rm.slots(0)))
+    return flags
+
+
+def task_flags(rm: RankMap) -> list[str]:
+    """Task geometry shared by `#SBATCH` and srun: nodes, tasks, CPUs (hardware threads) per task."""
+    shape, node = rm.shape, rm.profile.node
+    flags = [f"--nodes={shape.nodes}", f"--ntasks={shape.ranks}"]
+    if shape.even:
+        flags.append(f"--ntasks-per-node={shape.max_ranks_per_node}")
+    flags.append(f"--cpus-per-task={shape.cpus_per_rank * shape.threads_per_core}")
+    if node.threads_per_core > 1:
+        flags.append(f"--threads-per-core={shape.threads_per_core}")
+    return flags
+
+
+@register_launcher
+class Srun(Launcher):
+    name = "srun"
+
+    def flags(self, rm: RankMap) -> list[str]:
+        """Every srun flag for this mapping (the rank command follows them)."""
+        site = rm.profile.site
+        flags = [*task_flags(rm), f"--cpu-bind={cpu_bind(rm)}", *gpu_flags(rm), "--kill-on-bad-exit=1"]
+        if site.slurm.mpi:
+            flags.append(f"--mpi={site.slurm.mpi}")
+        return flags
+
+    def argv(self, rm: RankMap, command: Sequence[str], paths: dict[str, str]) -> list[str]:
+        return ["srun", *self.flags(rm), *command]
+
+    def map_text(self, rm: RankMap, paths: dict[str, str]) -> str:
+        return " ".join(["srun", *self.flags(rm)]) + "\n"

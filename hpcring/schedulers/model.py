@@ -1,0 +1,192 @@
+"""The cluster model: frozen dataclasses built from a validated profile.
+
+Everything downstream (mapping, plans, templates) reads these objects and never the raw YAML, so a profile is
+checked once and the rest of the code can trust its invariants (e.g. every GPU's NUMA domain exists).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+Interconnect = Literal["infiniband", "roce", "slingshot", "ethernet"]
+Visibility = Literal["isolated", "shared"]
+ThreadNumbering = Literal["compact", "scatter"]
+
+INTERCONNECTS: tuple[str, ...] = ("infiniband", "roce", "slingshot", "ethernet")
+VISIBILITIES: tuple[str, ...] = ("isolated", "shared")
+THREAD_NUMBERINGS: tuple[str, ...] = ("compact", "scatter")
+SCHEDULERS: tuple[str, ...] = ("slurm", "lsf")
+LAUNCHERS: tuple[str, ...] = ("srun", "jsrun", "mpirun")
+RUNTIMES: tuple[str, ...] = ("singularity", "apptainer")
+GPU_VENDORS: tuple[str, ...] = ("nvidia", "amd")
+
+
+@dataclass(frozen=True)
+class NumaDomain:
+    """A NUMA domain and the physical cores (not hardware threads) it holds."""
+
+    id: int
+    cores: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """One GPU (or AMD GCD) as the node numbers it, with its locality."""
+
+    index: int  # the node's numbering (CUDA/ROCm device id): what `gpus` in the mapping lists
+    numa: int
+    closest_cores: tuple[int, ...]  # physical cores with the shortest path to this GPU
+    scheduler_index: int  # how Slurm/LSF number it in map_gpu / ERF (often equal to `index`)
+
+
+@dataclass(frozen=True)
+class Nic:
+    """A network interface; `numa` is None where the site does not document it."""
+
+    name: str
+    numa: int | None
+
+
+@dataclass(frozen=True)
+class Node:
+    """One compute node's topology; all nodes of a profile are identical."""
+
+    sockets: int
+    cores_per_socket: int
+    threads_per_core: int
+    thread_numbering: ThreadNumbering
+    reserved_cores: frozenset[int]
+    numa: tuple[NumaDomain, ...]
+    gpus: tuple[Gpu, ...]
+    gpu_vendor: str
+    gpu_visibility: Visibility
+    nics: tuple[Nic, ...]
+    interconnect: Interconnect
+
+    @property
+    def cores(self) -> int:
+        """Physical cores per node, reserved ones included."""
+        return self.sockets * self.cores_per_socket
+
+    @property
+    def usable_cores(self) -> tuple[int, ...]:
+        """Cores a job may bind to (everything but the reserved / specialised ones)."""
+        return tuple(c for c in range(self.cores) if c not in self.reserved_cores)
+
+    def hw_threads(self, core: int, count: int | None = None) -> tuple[int, ...]:
+        """OS numbers of the first `count` hardware threads of `core` (all of them by default).
+
+        compact: core c owns threads c*T .. c*T+T-1 (POWER9 on Summit);
+        scatter: core c owns c, c+C, c+2C, ... with C cores per node (x86 Linux, Frontier, Perlmutter).
+        """
+        n = self.threads_per_core if count is None else count
+        if self.thread_numbering == "compact":
+            return tuple(core * self.threads_per_core + t for t in range(n))
+        return tuple(core + t * self.cores for t in range(n))
+
+    def numa_of_core(self, core: int) -> int | None:
+        """NUMA domain holding `core`, None if the profile leaves it out."""
+        for dom in self.numa:
+            if core in dom.cores:
+                return dom.id
+        return None
+
+    def socket_of_core(self, core: int) -> int:
+        """Socket index of a physical core (cores are numbered socket by socket)."""
+        return core // self.cores_per_socket
+
+
+@dataclass(frozen=True)
+class Partition:
+    """A partition (Slurm), QOS (Slurm) or queue (LSF) with its walltime and size limits."""
+
+    name: str
+    max_walltime_s: int
+    max_nodes: int | None = None
+    default: bool = False
+    selector: str = "partition"  # slurm: "partition" or "qos"; lsf: always the queue (-q)
+    # (max_nodes, max_walltime_s) bins, smallest first: a job of n nodes gets the first bin with n <=
+    # max_nodes.
+    walltime_bins: tuple[tuple[int, int], ...] = ()
+
+    def walltime_limit(self, nodes: int) -> int:
+        """Walltime limit in seconds for a job of `nodes` nodes (sites often scale it with job size)."""
+        for max_nodes, limit in self.walltime_bins:
+            if nodes <= max_nodes:
+                return limit
+        return self.max_walltime_s
+
+
+@dataclass(frozen=True)
+class Container:
+    """How the site runs images: runtime, default binds and the GPU flag implied by the vendor."""
+
+    runtime: str
+    binds: tuple[str, ...] = ()
+    extra_args: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class SlurmOptions:
+    """Slurm specifics: core specialisation, constraint, GPU binding style, PMI plugin."""
+
+    core_spec: int | None = None
+    constraint: str | None = None
+    gpu_bind: str = "map"  # "map": map_gpu/mask_gpu from the mapping; "closest": Slurm picks; "none"
+    mpi: str | None = None  # srun --mpi=...
+    exclusive: bool = False
+    extra_directives: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class LsfOptions:
+    """LSF specifics: -alloc_flags and whether host 0 of an ERF is the launch node (Summit, CSM)."""
+
+    alloc_flags: tuple[str, ...] = ()
+    launch_node: bool = False
+    extra_directives: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Site:
+    """Everything about a site that is not the node: scheduler, launcher, limits, software environment."""
+
+    scheduler: str
+    launcher: str
+    mpi: str
+    partitions: tuple[Partition, ...]
+    account: str | None
+    account_required: bool
+    modules: tuple[str, ...]
+    env: tuple[tuple[str, str], ...]
+    smt: int  # hardware threads per core a rank uses by default
+    require_even_ranks: bool
+    binding: bool  # False: launch without CPU binding (emulated clusters, over-declared CPUs)
+    container: Container | None
+    slurm: SlurmOptions = field(default_factory=SlurmOptions)
+    lsf: LsfOptions = field(default_factory=LsfOptions)
+
+    def partition(self, name: str | None) -> Partition | None:
+        """The named partition, else the default one, else the first; None when the site lists none."""
+        if name is not None:
+            for p in self.partitions:
+                if p.name == name:
+                    return p
+            return None
+        for p in self.partitions:
+            if p.default:
+                return p
+        return self.partitions[0] if self.partitions else None
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A validated cluster profile; `digest` is the SHA-256 of its source text (provenance header)."""
+
+    name: str
+    description: str
+    node: Node
+    site: Site
+    source: str
+    digest: str

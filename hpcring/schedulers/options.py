@@ -1,0 +1,221 @@
+"""Command-line flags shared by `hpcring map`, `render` and `submit`, each with an HPCRING_* environment
+default.
+
+Flags override the job file (`--job FILE`), which overrides the profile's defaults; the environment variable
+of a
+flag stands in for the flag when it is not given, so a site can set e.g. HPCRING_ACCOUNT once in a login
+script.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Any, TypeVar
+
+from hpcring.errors import ConfigError
+from hpcring.schedulers import job as jobmod
+from hpcring.schedulers import profile as profmod
+from hpcring.schedulers import walltime
+from hpcring.schedulers.job import JobSpec
+from hpcring.schedulers.model import Profile
+
+T = TypeVar("T")
+
+
+def env_default(var: str, convert: Callable[[str], T] | None = None) -> T | str | None:
+    """The value of environment variable `var` (converted), or None; a bad value names the variable."""
+    raw = os.environ.get(var)
+    if raw is None or raw == "":
+        return None
+    if convert is None:
+        return raw
+    try:
+        return convert(raw)
+    except ValueError as exc:
+        raise ConfigError(f"environment variable {var}={raw!r} is not valid: {exc}") from exc
+
+
+def env_flag(var: str) -> bool:
+    """A boolean environment default: 1/true/yes/on."""
+    return os.environ.get(var, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def env_list(var: str, sep: str = ",") -> list[str]:
+    raw = os.environ.get(var, "")
+    return [x for x in raw.split(sep) if x] if raw else []
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise ValueError(f"{value} is negative")
+    return value
+
+
+def _int_arg(text: str) -> int:
+    try:
+        return positive_int(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}") from exc
+
+
+def add_profile_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--profile",
+        default=env_default("HPCRING_PROFILE"),
+        help="profile name (built-in or in HPCRING_PROFILE_PATH), YAML file, or 'local' [HPCRING_PROFILE]",
+    )
+
+
+def add_shape_args(p: argparse.ArgumentParser) -> None:
+    """Flags that shape the mapping (used by map, render and submit)."""
+    add_profile_args(p)
+    g = p.add_argument_group("job shape")
+    g.add_argument("--job", default=env_default("HPCRING_JOB"), help="YAML job file [HPCRING_JOB]")
+    for flag, var, text in (
+        ("--nodes", "HPCRING_NODES", "number of nodes"),
+        ("--ranks-per-node", "HPCRING_RANKS_PER_NODE", "ranks per node (default: one per GPU)"),
+        ("--ranks", "HPCRING_RANKS", "total ranks (alternative to --ranks-per-node)"),
+        ("--gpus-per-rank", "HPCRING_GPUS_PER_RANK", "GPUs per rank (default 1 on GPU nodes)"),
+        (
+            "--cpus-per-rank",
+            "HPCRING_CPUS_PER_RANK",
+            "physical cores per rank (default: even share of the closest)",
+        ),
+        (
+            "--threads-per-core",
+            "HPCRING_THREADS_PER_CORE",
+            "hardware threads per core (default: the site's smt)",
+        ),
+    ):
+        g.add_argument(flag, type=_int_arg, default=env_default(var, positive_int), help=f"{text} [{var}]")
+    g.add_argument(
+        "--time", default=env_default("HPCRING_TIME"), help="walltime, e.g. 30 or 02:00:00 [HPCRING_TIME]"
+    )
+    g.add_argument(
+        "--partition",
+        default=env_default("HPCRING_PARTITION"),
+        help="partition/QOS/queue [HPCRING_PARTITION]",
+    )
+
+
+def add_script_args(p: argparse.ArgumentParser) -> None:
+    """Flags that only matter for a job script (render, submit)."""
+    g = p.add_argument_group("job script")
+    g.add_argument("--job-name", default=env_default("HPCRING_JOB_NAME"), help="job name [HPCRING_JOB_NAME]")
+    g.add_argument(
+        "--account", default=env_default("HPCRING_ACCOUNT"), help="account/project [HPCRING_ACCOUNT]"
+    )
+    g.add_argument(
+        "--job-output", default=env_default("HPCRING_JOB_OUTPUT"), help="job stdout path [HPCRING_JOB_OUTPUT]"
+    )
+    g.add_argument(
+        "--job-error", default=env_default("HPCRING_JOB_ERROR"), help="job stderr path [HPCRING_JOB_ERROR]"
+    )
+    g.add_argument(
+        "--workdir", default=env_default("HPCRING_WORKDIR"), help="directory to run in [HPCRING_WORKDIR]"
+    )
+    g.add_argument(
+        "--image", default=env_default("HPCRING_IMAGE"), help="container image (.sif) [HPCRING_IMAGE]"
+    )
+    g.add_argument(
+        "--bind",
+        action="append",
+        default=env_list("HPCRING_BINDS"),
+        help="container bind, repeatable [HPCRING_BINDS]",
+    )
+    g.add_argument(
+        "--module",
+        action="append",
+        default=env_list("HPCRING_MODULES"),
+        help="module to load [HPCRING_MODULES]",
+    )
+    g.add_argument(
+        "--env",
+        action="append",
+        default=env_list("HPCRING_ENV", "\n"),
+        metavar="KEY=VALUE",
+        help="variable for the ranks, repeatable [HPCRING_ENV, one per line]",
+    )
+    g.add_argument(
+        "--step",
+        action="append",
+        default=env_list("HPCRING_STEPS", "\n"),
+        metavar="COMMAND",
+        help="a shell command run by every rank; repeat for steps with a barrier between them "
+        "[HPCRING_STEPS, one per line]",
+    )
+    g.add_argument(
+        "--launcher",
+        default=env_default("HPCRING_LAUNCHER"),
+        choices=("srun", "jsrun", "mpirun"),
+        help="override the profile's launcher [HPCRING_LAUNCHER]",
+    )
+    g.add_argument(
+        "--inline-files",
+        action="store_true",
+        default=env_flag("HPCRING_INLINE_FILES"),
+        help="write the ERF/rankfile inside the script even with -o [HPCRING_INLINE_FILES]",
+    )
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command every rank runs")
+
+
+def load_profile(args: argparse.Namespace) -> Profile:
+    if not args.profile:
+        raise ConfigError(
+            "no profile given: pass --profile NAME or set HPCRING_PROFILE; built-in: "
+            + ", ".join(profmod.builtin_names())
+        )
+    return profmod.load(args.profile)
+
+
+def _command(args: argparse.Namespace) -> list[str]:
+    cmd: Sequence[str] = getattr(args, "command", None) or []
+    cmd = list(cmd)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    return cmd
+
+
+def job_from_args(args: argparse.Namespace) -> JobSpec:
+    """The JobSpec: the job file (if any) with every given flag applied over it."""
+    spec = jobmod.load(args.job) if args.job else JobSpec()
+    time_s = None
+    if args.time is not None:
+        try:
+            time_s = walltime.parse(int(args.time) if args.time.isdigit() else args.time)
+        except ValueError as exc:
+            raise ConfigError(f"--time: {exc}") from exc
+    changes: dict[str, Any] = {
+        "nodes": args.nodes,
+        "ranks_per_node": args.ranks_per_node,
+        "ranks": args.ranks,
+        "gpus_per_rank": args.gpus_per_rank,
+        "cpus_per_rank": args.cpus_per_rank,
+        "threads_per_core": args.threads_per_core,
+        "time_s": time_s,
+        "partition": args.partition,
+    }
+    if hasattr(args, "job_name"):
+        steps = jobmod.steps_from_cli(_command(args), args.step)
+        changes.update(
+            name=args.job_name,
+            account=args.account,
+            output=args.job_output,
+            error=args.job_error,
+            workdir=args.workdir,
+            image=args.image,
+            binds=(*spec.binds, *args.bind) if args.bind else None,
+            modules=(*spec.modules, *args.module) if args.module else None,
+            env=jobmod.parse_env(args.env) if args.env else None,
+            steps=steps or None,
+        )
+    # A flag for one of ranks / ranks-per-node replaces the job file's value of the other.
+    if args.ranks is not None and args.ranks_per_node is None:
+        spec = replace(spec, ranks_per_node=None)
+    if args.ranks_per_node is not None and args.ranks is None:
+        spec = replace(spec, ranks=None)
+    return jobmod.override(spec, **changes)

@@ -1,0 +1,67 @@
+"""Jinja2 rendering of a Plan: StrictUndefined, quoting filters, templates from `slurm/`, `lsf/`,
+`singularity/`.
+
+The templates live at the top of the repository (where site admins look for them) and ship in the wheel
+through
+the `hpcring/schedulers/templates/<dir>` links; the loader looks in the installed package first, then in the
+source tree, so both layouts work.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+
+import jinja2
+
+from hpcring.errors import HpcringError
+from hpcring.schedulers import shell
+from hpcring.schedulers.plan import Directive, Plan
+
+TEMPLATE_DIRS = ("slurm", "lsf", "singularity")
+_HEREDOC = "HPCRING_EOF"
+
+
+def template_roots() -> list[Path]:
+    """Directories holding `slurm/`, `lsf/` and `singularity/`: the package's copy, then the source tree's."""
+    here = Path(__file__).resolve().parent
+    candidates = [here / "templates", here.parent.parent]
+    roots = [c for c in candidates if (c / "slurm" / "job.sh.j2").is_file()]
+    if not roots:
+        raise HpcringError(f"job script templates not found (looked in {', '.join(map(str, candidates))})")
+    return roots
+
+
+def _directive(d: Directive) -> str:
+    if d.value is None:
+        return d.flag
+    return f"{d.flag}{d.sep}{shell.directive_value(d.value)}"
+
+
+def _heredoc(content: str) -> str:
+    if any(line == _HEREDOC for line in content.splitlines()):
+        raise HpcringError("inline file content contains the here-document delimiter")
+    return content.rstrip("\n")
+
+
+@cache
+def environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader([str(r) for r in template_roots()]),
+        undefined=jinja2.StrictUndefined,
+        autoescape=False,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters["q"] = shell.quote
+    env.filters["shjoin"] = shell.join
+    env.filters["directive"] = _directive
+    env.filters["heredoc"] = _heredoc
+    env.globals["HEREDOC"] = _HEREDOC
+    return env
+
+
+def render(plan: Plan) -> str:
+    """The job script for `plan`."""
+    return environment().get_template(plan.template).render(plan=plan)

@@ -1,0 +1,84 @@
+"""Quoting for generated scripts: shell words, `#SBATCH`/`#BSUB` directive values, and trusted expressions.
+
+Every value that reaches a script goes through one of these functions (as Jinja filters). `Raw` marks the few
+strings our own code writes as shell expressions (`"$MASTER_ADDR_CMD"`, `"${TMPDIR:-/tmp}"`): they are never
+built
+from user input.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Iterable
+
+from hpcring.errors import ConfigError
+
+_BARE = re.compile(r"^[A-Za-z0-9_./:%+,@=-]+$")
+
+
+class Raw(str):
+    """A shell expression written by hpcring itself; emitted without quoting."""
+
+    __slots__ = ()
+
+
+def quote(value: object) -> str:
+    """One shell word: `shlex.quote`, except for `Raw` expressions."""
+    if isinstance(value, Raw):
+        return str(value)
+    return shlex.quote(str(value))
+
+
+def join(words: Iterable[object]) -> str:
+    """A command line from words, each quoted with `quote`."""
+    return " ".join(quote(w) for w in words)
+
+
+def check_line_safe(value: str, what: str) -> str:
+    """Refuse characters that would end a directive line (and NUL, which no file name or argument can
+    hold)."""
+    for ch, name in (("\n", "a newline"), ("\r", "a carriage return"), ("\0", "a NUL byte")):
+        if ch in value:
+            raise ConfigError(
+                f"{what} {value!r} contains {name}; it would end the #SBATCH/#BSUB line and could start a "
+                "new directive. Remove it."
+            )
+    return value
+
+
+def directive_value(value: object) -> str:
+    """A value on a `#SBATCH`/`#BSUB` line: bare when plain, else double-quoted with `\\` and `"` escaped.
+
+    sbatch reads these lines itself (not through a shell): it honours double quotes and backslash escapes, and
+    an
+    unquoted `#` starts a comment. Double quotes with escapes survive that parser and LSF's alike.
+    """
+    text = check_line_safe(str(value), "value")
+    if _BARE.match(text):
+        return text
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def parse_directive_value(text: str) -> str:
+    """Inverse of `directive_value` following sbatch's argument parser (used by tests to prove the round
+    trip)."""
+    out, q, esc = [], "", False
+    for ch in text:
+        if esc:
+            out.append(ch)
+            esc = False
+        elif ch == "\\":
+            esc = True
+        elif q:
+            if ch == q:
+                q = ""
+            else:
+                out.append(ch)
+        elif ch in "\"'":
+            q = ch
+        elif ch == "#" or ch.isspace():
+            break
+        else:
+            out.append(ch)
+    return "".join(out)

@@ -1,0 +1,89 @@
+"""JSON Schema validation with messages a user can act on: the YAML path, the bad value, the allowed values.
+
+jsonschema's own messages ("Additional properties are not allowed ('x' was unexpected)") name neither the path
+nor the alternatives, so we rewrite the common cases and keep the first, most specific error.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Sequence
+from functools import cache
+from importlib import resources
+from typing import Any
+
+from hpcring.errors import choices
+
+SCHEMA_PACKAGE = "hpcring.schedulers"
+
+
+@cache
+def load_schema(name: str) -> dict[str, Any]:
+    """A schema shipped as package data (`schema/<name>.v1.schema.json`)."""
+    text = resources.files(SCHEMA_PACKAGE).joinpath("schema", f"{name}.v1.schema.json").read_text("utf-8")
+    data: dict[str, Any] = json.loads(text)
+    return data
+
+
+def schema_text(name: str) -> str:
+    """The schema file's text, as published for editors."""
+    return resources.files(SCHEMA_PACKAGE).joinpath("schema", f"{name}.v1.schema.json").read_text("utf-8")
+
+
+def yaml_path(parts: Iterable[object]) -> str:
+    """Format a jsonschema path deque as `node.gpus[2].numa` (or `(top level)`)."""
+    out = ""
+    for p in parts:
+        if isinstance(p, int):
+            out += f"[{p}]"
+        else:
+            out += f".{p}" if out else str(p)
+    return out or "(top level)"
+
+
+def _describe(error: Any) -> str:
+    """One-line message for a jsonschema ValidationError, naming the allowed values where there are any."""
+    v = error.validator
+    inst = error.instance
+    if v == "enum":
+        return f"{inst!r} is not allowed; allowed: {choices(error.validator_value)}"
+    if v == "const":
+        return f"{inst!r} is not allowed; allowed: {error.validator_value!r}"
+    if v == "additionalProperties":
+        allowed = sorted(error.schema.get("properties", {}))
+        extra = sorted(set(inst) - set(allowed)) if isinstance(inst, dict) else []
+        return f"unknown key {choices(extra)}; allowed keys: {choices(allowed)}"
+    if v == "required":
+        return f"missing {error.message.split(' is a required')[0]}"
+    if v == "type":
+        return f"{inst!r} has the wrong type; expected {choices(_as_list(error.validator_value))}"
+    if v in ("minimum", "maximum", "minItems", "minLength"):
+        return f"{inst!r} is too small or too large ({v} {error.validator_value!r})"
+    if v == "pattern":
+        return f"{inst!r} does not match the expected form {error.validator_value!r}"
+    if v == "oneOf":
+        descs = [s.get("description") for s in error.schema.get("oneOf", []) if isinstance(s, dict)]
+        hint = error.schema.get("description") or "; ".join(d for d in descs if d)
+        return f"{inst!r} is not valid here{': expected ' + hint if hint else ''}"
+    if v == "not":
+        return "'command' and 'steps' are mutually exclusive; give one of them"
+    return str(error.message)
+
+
+def _as_list(value: object) -> Sequence[object]:
+    return value if isinstance(value, list) else [value]
+
+
+def validate(data: object, schema_name: str, where: str, error: Callable[[str], Exception]) -> None:
+    """Validate `data` against a shipped schema; raise `error(message)` for the first (deepest) problem."""
+    import jsonschema  # light, but only needed here
+
+    schema = load_schema(schema_name)
+    validator = jsonschema.Draft202012Validator(schema)
+    errors = sorted(
+        validator.iter_errors(data), key=lambda e: (-len(e.absolute_path), yaml_path(e.absolute_path))
+    )
+    if errors:
+        first = errors[0]
+        # oneOf reports its own children as context; the most specific child helps more when there is one.
+        raise error(f"{where}: {yaml_path(first.absolute_path)}: {_describe(first)}")

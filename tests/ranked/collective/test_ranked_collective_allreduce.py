@@ -1,0 +1,101 @@
+"""allreduce on every rank: every dtype x op x algorithm, in and out of place, uneven and empty sizes, scaling."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from collective_cases import ALGORITHMS, ALL_DTYPES, NUMERIC, expected_reduce, gen, np_dtype
+
+import hpcring
+from hpcring.collective import ReduceOp, Topology
+
+INTEGERS = ("uint8", "int8", "int16", "int32", "int64")
+SIZES = (0, 1, 7, 1031)
+TOLERANCE = {"float16": 2e-3, "bfloat16": 1e-2, "float32": 1e-6, "float64": 1e-12}
+
+
+def ops_for(name: str) -> list[ReduceOp]:
+    return [ReduceOp.MIN, ReduceOp.MAX] if name == "bool" else list(ReduceOp)
+
+
+def check(got: np.ndarray[Any, Any], want: np.ndarray[Any, Any], name: str, exact: bool, label: str) -> None:
+    assert got.dtype == np_dtype(name), label
+    g = got.astype(np.float64).reshape(-1)
+    if exact or name not in TOLERANCE:
+        np.testing.assert_array_equal(g, want.astype(np_dtype(name)).astype(np.float64), err_msg=label)
+    else:
+        np.testing.assert_allclose(g, want, rtol=TOLERANCE[name], err_msg=label)
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("name", ALL_DTYPES)
+def test_every_op_and_size(world: Topology, name: str, algorithm: str) -> None:
+    n, r = world.size, world.rank
+    for op in ops_for(name):
+        for count in SIZES:
+            label = f"{name} {op.name} count={count} {algorithm}"
+            want = expected_reduce(n, count, name, op)
+            x = gen(r, count, name, op)
+            before = x.copy()
+            y = hpcring.allreduce(x, op, algorithm=algorithm)
+            check(y, want, name, op is not ReduceOp.AVERAGE, label + " out-of-place")
+            np.testing.assert_array_equal(x, before, err_msg=label + ": input modified")
+            z = gen(r, count, name, op)
+            assert hpcring.allreduce(z, op, out=z, algorithm=algorithm) is z
+            check(z, want, name, op is not ReduceOp.AVERAGE, label + " in-place")
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("name", NUMERIC)
+def test_prescale_and_postscale(world: Topology, name: str, algorithm: str) -> None:
+    n, r, count = world.size, world.rank, 1031
+    pre, post = 0.5, 3.0
+    inputs = [gen(q, count, name).astype(np.float64) * pre for q in range(n)]
+    if name in INTEGERS:
+        inputs = [np.trunc(v) for v in inputs]
+    want = np.sum(inputs, axis=0) * post
+    out = np.empty(count, dtype=np_dtype(name))
+    got = hpcring.allreduce(
+        gen(r, count, name), out=out, prescale_factor=pre, postscale_factor=post, algorithm=algorithm
+    )
+    assert got is out
+    check(out, want, name, True, f"{name} scaled {algorithm}")
+
+
+@pytest.mark.parametrize("algorithm", ("ring", "hierarchical"))
+@pytest.mark.parametrize("name", ("float32", "float16", "bfloat16", "int64"))
+def test_many_pipeline_chunks(
+    world: Topology, name: str, algorithm: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Small chunks force dozens of pipelined messages per ring segment."""
+    monkeypatch.setenv("HPCRING_RING_CHUNK_BYTES", "1000")
+    count = 20_011
+    for op in (ReduceOp.SUM, ReduceOp.MAX):
+        y = hpcring.allreduce(gen(world.rank, count, name, op), op, algorithm=algorithm)
+        check(y, expected_reduce(world.size, count, name, op), name, True, f"{name} {op.name} chunked")
+
+
+def test_shape_is_kept_and_scalars_work(world: Topology) -> None:
+    x = np.arange(24, dtype=np.float32).reshape(2, 3, 4) + world.rank
+    y = hpcring.allreduce(x, ReduceOp.MAX)
+    assert y.shape == (2, 3, 4)
+    np.testing.assert_array_equal(y, np.arange(24).reshape(2, 3, 4) + world.size - 1)
+    s = hpcring.allreduce(np.array(world.rank + 1, dtype=np.int64))
+    assert s.shape == () and int(s) == world.size * (world.size + 1) // 2
+
+
+def test_non_contiguous_input_in_place(world: Topology) -> None:
+    base = np.zeros((6, 4), dtype=np.float64)
+    view = base[:, 1]  # strided
+    view[...] = np.arange(6) + world.rank
+    hpcring.allreduce(view, out=view, algorithm="ring")
+    np.testing.assert_array_equal(base[:, 1], np.arange(6) * world.size + world.size * (world.size - 1) / 2)
+    assert (base[:, 0] == 0).all()
+
+
+def test_algorithm_from_environment(world: Topology, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HPCRING_ALLREDUCE_ALGORITHM", "ring")
+    y = hpcring.allreduce(np.ones(10, dtype=np.int32))
+    assert (y == world.size).all()

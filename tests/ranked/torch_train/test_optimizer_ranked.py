@@ -1,0 +1,284 @@
+"""DistributedOptimizer contracts, checked inside every rank.
+
+Each rank's loss is `(rank + 1) * Σ params`, so the local gradient is `rank + 1` everywhere and the averaged
+gradient is `(size + 1) / 2`: every expectation below is computed from rank and size alone.
+"""
+
+from __future__ import annotations
+
+import warnings
+from types import ModuleType
+
+import pytest
+import torch
+from torch_train_helpers import make_model, params_sum_loss
+
+
+def _mean_scale(hvd: ModuleType) -> float:
+    return (hvd.size() + 1) / 2
+
+
+def _snapshot(model: torch.nn.Module) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def _wrapped(
+    hvd: ModuleType, model: torch.nn.Module, lr: float = 1.0, **kwargs: object
+) -> torch.optim.Optimizer:
+    base = torch.optim.SGD(model.parameters(), lr=lr)
+    return hvd.DistributedOptimizer(base, named_parameters=model.named_parameters(), **kwargs)
+
+
+def _assert_moved_by(
+    model: torch.nn.Module, before: list[torch.Tensor], delta: float, atol: float = 1e-5
+) -> None:
+    for b, p in zip(before, model.parameters(), strict=True):
+        torch.testing.assert_close(p.detach(), b - delta, atol=atol, rtol=0)
+
+
+def test_step_applies_gradient_averaged_over_ranks(hvd: ModuleType) -> None:
+    model = make_model(0)
+    opt = _wrapped(hvd, model)
+    before = _snapshot(model)
+    params_sum_loss(model, hvd.rank() + 1).backward()
+    opt.step()
+    _assert_moved_by(model, before, _mean_scale(hvd))
+
+
+def test_sum_op_and_predivide_factor(hvd: ModuleType) -> None:
+    model = make_model(0)
+    opt = _wrapped(hvd, model, op=hvd.Sum)
+    before = _snapshot(model)
+    params_sum_loss(model, hvd.rank() + 1).backward()
+    opt.step()
+    _assert_moved_by(model, before, hvd.size() * (hvd.size() + 1) / 2)
+
+    model = make_model(0)
+    opt = _wrapped(hvd, model, gradient_predivide_factor=4.0)
+    before = _snapshot(model)
+    params_sum_loss(model, hvd.rank() + 1).backward()
+    opt.step()
+    _assert_moved_by(model, before, _mean_scale(hvd))
+
+
+def test_wrapper_is_a_subclass_of_the_wrapped_optimizer(hvd: ModuleType) -> None:
+    model = make_model(0)
+    base = torch.optim.SGD(model.parameters(), lr=1.0, momentum=0.5)
+    base.state[next(model.parameters())]["marker"] = (
+        7  # state already held by the optimizer survives wrapping
+    )
+    opt = hvd.DistributedOptimizer(base, named_parameters=model.named_parameters())
+    assert isinstance(opt, torch.optim.SGD)
+    assert type(opt).__name__ == "SGD"
+    assert opt.state[next(model.parameters())]["marker"] == 7
+    scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    params_sum_loss(model, hvd.rank() + 1).backward()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "lr_scheduler.step() before optimizer.step()" warning
+        opt.step()
+        scheduler.step()
+    assert opt.param_groups[0]["lr"] == 0.5
+
+
+def test_optimizer_step_hooks_run_once(hvd: ModuleType) -> None:
+    model = make_model(0)
+    opt = _wrapped(hvd, model)
+    calls: list[str] = []
+    opt.register_step_pre_hook(lambda *_: calls.append("pre"))
+    opt.register_step_post_hook(lambda *_: calls.append("post"))
+    params_sum_loss(model, 1.0).backward()
+    opt.step()
+    assert calls == ["pre", "post"]
+
+
+@pytest.mark.parametrize("groups", [1, 2, "explicit"])
+def test_grouped_allreduce_gives_the_same_average(hvd: ModuleType, groups: object) -> None:
+    model = make_model(0)
+    params = list(model.parameters())
+    spec = [[params[0], params[3]], [params[1]]] if groups == "explicit" else groups
+    opt = _wrapped(hvd, model, groups=spec)
+    expected_groups = 3 if groups == "explicit" else groups  # params[2] becomes a group of its own
+    assert len(set(opt._p_to_group.values())) == expected_groups
+    before = _snapshot(model)
+    params_sum_loss(model, hvd.rank() + 1).backward()
+    opt.step()
+    _assert_moved_by(model, before, _mean_scale(hvd))
+
+
+def test_num_groups_is_a_deprecated_alias(hvd: ModuleType) -> None:
+    model = make_model(0)
+    with pytest.warns(DeprecationWarning, match="groups"):
+        opt = _wrapped(hvd, model, num_groups=2)
+    before = _snapshot(model)
+    params_sum_loss(model, hvd.rank() + 1).backward()
+    opt.step()
+    _assert_moved_by(model, before, _mean_scale(hvd))
+
+
+def test_backward_passes_per_step_accumulates_locally(hvd: ModuleType) -> None:
+    model = make_model(0)
+    opt = _wrapped(hvd, model, backward_passes_per_step=2)
+    if hvd.size() == 1:
+        pytest.skip("at one rank no hooks are registered and nothing is guarded, as in Horovod")
+    params_sum_loss(model, hvd.rank() + 1).backward()
+    with pytest.raises(AssertionError, match="zero_grad"):
+        opt.zero_grad()  # between the passes of one step: Horovod refuses too
+    params_sum_loss(model, 2 * (hvd.rank() + 1)).backward()
+    with pytest.raises(AssertionError, match="backward_passes_per_step"):
+        params_sum_loss(model, 1.0).backward()  # a third pass before step()
+    opt.step()  # the refused pass leaves the step usable: the reductions of pass two complete
+    opt.zero_grad()
+
+    opt.set_backward_passes_per_step(1)
+    before = _snapshot(model)
+    params_sum_loss(model, hvd.rank() + 1).backward()
+    opt.step()
+    _assert_moved_by(model, before, _mean_scale(hvd))
+
+
+def test_two_passes_then_step_average_the_sum(hvd: ModuleType) -> None:
+    model = make_model(0)
+    opt = _wrapped(hvd, model, backward_passes_per_step=2)
+    before = _snapshot(model)
+    params_sum_loss(model, hvd.rank() + 1).backward()
+    params_sum_loss(model, 2 * (hvd.rank() + 1)).backward()
+    opt.step()
+    _assert_moved_by(model, before, 3 * _mean_scale(hvd))
+
+
+def test_synchronize_then_clip_then_step_under_skip_synchronize(hvd: ModuleType) -> None:
+    model = make_model(0)
+    opt = _wrapped(hvd, model)
+    before = _snapshot(model)
+    params_sum_loss(model, hvd.rank() + 1).backward()
+    opt.synchronize()
+    for p in model.parameters():
+        torch.testing.assert_close(p.grad, torch.full_like(p, _mean_scale(hvd)))
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)
+    with opt.skip_synchronize():
+        opt.step()
+    n = sum(p.numel() for p in model.parameters())
+    _assert_moved_by(model, before, 1.0 / n**0.5)
+
+
+def test_step_after_synchronize_without_skip_warns(hvd: ModuleType) -> None:
+    model = make_model(0)
+    opt = _wrapped(hvd, model)
+    params_sum_loss(model, 1.0).backward()
+    opt.synchronize()
+    with pytest.warns(UserWarning, match="skip_synchronize"):
+        opt.step()
+
+
+def test_zero_grad_refused_while_reductions_pending(hvd: ModuleType) -> None:
+    model = make_model(0)
+    opt = _wrapped(hvd, model)
+    params_sum_loss(model, 1.0).backward()
+    if hvd.size() > 1:  # at one rank there are no hooks and nothing is pending, as in Horovod
+        with pytest.raises(AssertionError, match="zero_grad"):
+            opt.zero_grad()
+    opt.step()
+    opt.zero_grad()
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_parameter_unused_on_one_rank_still_reduces(hvd: ModuleType) -> None:
+    a = torch.nn.Parameter(torch.zeros(3))
+    b = torch.nn.Parameter(torch.zeros(2))
+    opt = hvd.DistributedOptimizer(torch.optim.SGD([a, b], lr=1.0), named_parameters=[("a", a), ("b", b)])
+    loss = (hvd.rank() + 1) * a.sum()
+    if hvd.rank() != 0:
+        loss = loss + b.sum()
+    loss.backward()
+    opt.step()
+    torch.testing.assert_close(a.detach(), torch.full((3,), -_mean_scale(hvd)))
+    torch.testing.assert_close(b.detach(), torch.full((2,), -(hvd.size() - 1) / hvd.size()))
+
+
+@pytest.mark.parametrize(("name", "atol"), [("fp16", 1e-3), ("bf16", 1e-2)])
+def test_compressed_gradients_average_within_tolerance(hvd: ModuleType, name: str, atol: float) -> None:
+    model = make_model(0)
+    opt = _wrapped(hvd, model, lr=0.1, compression=getattr(hvd.Compression, name))
+    before = _snapshot(model)
+    params_sum_loss(model, hvd.rank() + 1.1).backward()
+    opt.step()
+    _assert_moved_by(model, before, 0.1 * (_mean_scale(hvd) + 0.1), atol=atol)
+    assert all(p.grad.dtype == torch.float32 for p in model.parameters())
+
+
+@pytest.mark.parametrize("sparse_as_dense", [False, True])
+def test_sparse_gradients(hvd: ModuleType, sparse_as_dense: bool) -> None:
+    torch.manual_seed(0)
+    emb = torch.nn.Embedding(hvd.size() + 1, 2, sparse=True)
+    before = emb.weight.detach().clone()
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(emb.parameters(), lr=1.0),
+        named_parameters=emb.named_parameters(),
+        sparse_as_dense=sparse_as_dense,
+    )
+    emb(torch.tensor([0, hvd.rank() + 1])).sum().backward()
+    opt.step()
+    expected = before.clone()
+    expected[0] -= 1.0  # every rank looked up row 0: the average of ones
+    expected[1:] -= 1.0 / hvd.size()  # row r+1 only on rank r
+    torch.testing.assert_close(emb.weight.detach(), expected)
+
+
+def test_load_state_dict_resets_accumulation(hvd: ModuleType) -> None:
+    model = make_model(0)
+    opt = _wrapped(hvd, model, backward_passes_per_step=2)
+    state = opt.state_dict()
+    params_sum_loss(model, 1.0).backward()  # one of two passes: nothing launched yet
+    opt.load_state_dict(state)
+    opt.zero_grad()  # allowed again: loading forgot the pending pass
+    before = _snapshot(model)
+    params_sum_loss(model, hvd.rank() + 1).backward()
+    params_sum_loss(model, hvd.rank() + 1).backward()
+    opt.step()
+    _assert_moved_by(model, before, 2 * _mean_scale(hvd))
+
+
+# --- errors raised synchronously, before any collective, on every rank ---
+
+
+def test_duplicate_names_raise_value_error(hvd: ModuleType) -> None:
+    model = make_model(0)
+    named = [("same", p) for p in model.parameters()]
+    with pytest.raises(ValueError, match=r"unique.*same"):
+        hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1.0), named_parameters=named)
+
+
+def test_missing_names_raise_value_error(hvd: ModuleType) -> None:
+    model = make_model(0)
+    named = list(model.named_parameters())[:-1]
+    with pytest.raises(ValueError, match="not named"):
+        hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1.0), named_parameters=named)
+
+
+def test_non_tuple_names_raise_value_error(hvd: ModuleType) -> None:
+    model = make_model(0)
+    with pytest.raises(ValueError, match="tuples"):
+        hvd.DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=1.0), named_parameters=list(model.parameters())
+        )
+
+
+@pytest.mark.parametrize("groups", [-1, 0, True, "two", "dup", "not-a-tensor"])
+def test_bad_groups_raise_value_error(hvd: ModuleType, groups: object) -> None:
+    model = make_model(0)
+    p = next(model.parameters())
+    spec = {"dup": [[p], [p]], "not-a-tensor": [[p, "x"]]}.get(groups, groups)  # type: ignore[call-overload]
+    with pytest.raises(ValueError, match="groups"):
+        _wrapped(hvd, model, groups=spec)
+
+
+def test_predivide_factor_needs_average(hvd: ModuleType) -> None:
+    model = make_model(0)
+    with pytest.raises(ValueError, match="gradient_predivide_factor"):
+        _wrapped(hvd, model, op=hvd.Sum, gradient_predivide_factor=2.0)
+
+
+def test_adasum_is_refused_clearly(hvd: ModuleType) -> None:
+    model = make_model(0)
+    with pytest.raises(ValueError, match=r"Adasum.*Average"):
+        _wrapped(hvd, model, op=hvd.Adasum)
