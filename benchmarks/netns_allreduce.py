@@ -76,23 +76,28 @@ def stage_times(x: np.ndarray[Any, Any]) -> dict[str, float]:
 
 
 def run(sizes: list[int], repeats: int, algorithms: list[str], stages: bool) -> list[dict[str, Any]]:
-    """All samples: one record per (algorithm, size) with every repeat's time, the same on every rank."""
-    records = []
+    """All samples: one record per (algorithm, size) with every repeat's time, the same on every rank.
+
+    Repeats are interleaved (round r times every algorithm once) so that load from other processes on the
+    machine hits all algorithms alike instead of whichever happened to run during a busy spell.
+    """
+    records: list[dict[str, Any]] = []
+    want = hc.size() * (hc.size() + 1) / 2
     for nbytes in sizes:
         x = np.full(nbytes // 4, float(hc.rank() + 1), dtype=np.float32)
-        want = hc.size() * (hc.size() + 1) / 2
+        samples: dict[str, list[float]] = {a: [] for a in algorithms}
         for algorithm in algorithms:
             out = hc.allreduce(x, algorithm=algorithm)  # warm-up: connections, buffers, first-touch
             assert out[0] == want and out[-1] == want, (algorithm, out[:4])
-            samples = [timed(lambda a=algorithm, b=x: hc.allreduce(b, algorithm=a)) for _ in range(repeats)]
-            records.append({"algorithm": algorithm, "bytes": nbytes, "seconds": samples})
         if stages:
             stage_times(x)  # warm-up
-            runs = [stage_times(x) for _ in range(repeats)]
-            for name in runs[0]:
-                records.append(
-                    {"algorithm": f"hierarchical:{name}", "bytes": nbytes, "seconds": [r[name] for r in runs]}
-                )
+        for _ in range(repeats):
+            for algorithm in algorithms:
+                samples[algorithm].append(timed(lambda a=algorithm, b=x: hc.allreduce(b, algorithm=a)))
+            if stages:
+                for name, seconds in stage_times(x).items():
+                    samples.setdefault(f"hierarchical:{name}", []).append(seconds)
+        records += [{"algorithm": a, "bytes": nbytes, "seconds": t} for a, t in samples.items()]
     return records
 
 
@@ -108,10 +113,11 @@ def table(records: list[dict[str, Any]]) -> str:
         key = (r["algorithm"], r["bytes"])
         ring = med.get(("ring", r["bytes"]))
         speedup = f"{ring / med[key]:.2f}x" if ring and ":" not in r["algorithm"] else ""
-        busbw = r["bytes"] * 8 / med[key] / 1e9 * 2 * (n - 1) / n if ":" not in r["algorithm"] else 0.0
+        stage = ":" in r["algorithm"]
+        busbw = "" if stage else f"{r['bytes'] * 8 / med[key] / 1e9 * 2 * (n - 1) / n:.2f}"
         lines.append(
             f"| {r['bytes'] / 2**20:g} MiB | {r['algorithm']} | {med[key]:.3f} | "
-            f"{min(r['seconds']):.3f}..{max(r['seconds']):.3f} | {busbw:.2f} | {speedup} |"
+            f"{min(r['seconds']):.3f}..{max(r['seconds']):.3f} | {busbw} | {speedup} |"
         )
     return "\n".join(lines)
 

@@ -82,6 +82,13 @@ def register(parser: argparse.ArgumentParser) -> None:
         default=_env("HPCRING_YIELD_WHEN_IDLE") or "auto",
         help="Open MPI yield_when_idle: auto (when ranks outnumber cores), on, off (HPCRING_YIELD_WHEN_IDLE)",
     )
+    add(
+        "--no-fail-fast",
+        action="store_true",
+        default=_env_flag("HPCRING_NO_FAIL_FAST"),
+        help="do not run Python commands under hpcring.launch.pyrun, which makes a rank that raises after "
+        "MPI_Init exit at once instead of hanging in MPI_Finalize (HPCRING_NO_FAIL_FAST)",
+    )
     add("--dry-run", action="store_true", default=_env_flag("HPCRING_DRY_RUN"), help="print the mpiexec line")
     add("--verbose", action="store_true", default=_env_flag("HPCRING_VERBOSE"), help="print what runs")
     eng = parser.add_argument_group("engine settings (exported to every rank)")
@@ -182,6 +189,7 @@ def build_spec(args: argparse.Namespace) -> LaunchSpec:
         yield_when_idle=_yield(args.yield_when_idle),
         start_timeout_s=_number(float, str(args.start_timeout), "--start-timeout", minimum=1),
         settings=engine_settings(args),
+        fail_fast=not args.no_fail_fast,
     )
 
 

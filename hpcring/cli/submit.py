@@ -41,13 +41,13 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--poll",
         type=float,
-        default=float(os.environ.get("HPCRING_POLL") or 0.5),
+        default=os.environ.get("HPCRING_POLL") or "0.5",
         help="seconds between state polls with --wait [HPCRING_POLL]",
     )
     parser.add_argument(
         "--wait-timeout",
         type=float,
-        default=options.env_default("HPCRING_WAIT_TIMEOUT", float),
+        default=os.environ.get("HPCRING_WAIT_TIMEOUT") or None,
         help="give up waiting after this many seconds [HPCRING_WAIT_TIMEOUT]",
     )
 

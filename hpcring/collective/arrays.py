@@ -46,7 +46,7 @@ class Buffer:
 
 def _torch_tensor_type() -> Any:
     torch = sys.modules.get("torch")
-    return None if torch is None else torch.Tensor
+    return getattr(torch, "Tensor", None)  # None also for a namespace package shadowing a missing torch
 
 
 def is_tensor(x: object) -> bool:

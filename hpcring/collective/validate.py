@@ -9,14 +9,18 @@ CollectiveError naming it; a disagreement raises CollectiveError on all, naming 
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
+
+import numpy as np
 
 from hpcring.collective.backends.base import Transport
 from hpcring.errors import CollectiveError, HpcringError
 
 T = TypeVar("T")
 Signature = dict[str, Any]
+_EXTRAS = 2
 
 
 def _ranks(ranks: list[int]) -> str:
@@ -32,11 +36,14 @@ def describe_mismatch(what: str, key: str, values: list[Any]) -> str:
     return f"{what}: {key} differs across ranks: {parts}; every rank must pass the same {key}"
 
 
-def agree(t: Transport, what: str, sig: Signature | None, error: HpcringError | None) -> list[Signature]:
-    """Exchange signatures; raise on every rank if any rank failed locally or any compared field differs.
+def _digest(sig: Signature) -> int:
+    """Process-independent 63-bit digest of the compared fields (Python's hash() is salted per process)."""
+    text = repr(sorted((k, v) for k, v in sig.items() if not k.startswith("_")))
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") >> 1
 
-    Keys starting with `_` are gathered but not compared (per-rank values such as allgather's row counts).
-    """
+
+def _slow_verdict(t: Transport, what: str, sig: Signature | None, error: HpcringError | None) -> NoReturn:
+    """Gather full signatures and messages (only after the fast check found a problem) and raise."""
     gathered = t.allgather_object((sig, None if error is None else str(error)))
     if error is not None:
         raise error
@@ -51,7 +58,31 @@ def agree(t: Transport, what: str, sig: Signature | None, error: HpcringError | 
         values = [s.get(key) for s in sigs]
         if any(v != values[0] for v in values):
             raise CollectiveError(describe_mismatch(what, key, values))
-    return sigs
+    raise CollectiveError(f"{what}: arguments differ across ranks")  # digests differed: some field did
+
+
+def agree(t: Transport, what: str, sig: Signature | None, error: HpcringError | None) -> list[Signature]:
+    """Agree on signatures; raise on every rank if any rank failed locally or any compared field differs.
+
+    The common case costs one small allgather of (digest, error flag, up to two integer extras). Keys starting
+    with `_` are such per-rank extras (allgather's row count): gathered, returned, not compared. Only when
+    something is wrong do the ranks exchange full signatures to name the culprits in the message.
+    """
+    extras = sorted(k for k in (sig or {}) if k.startswith("_"))
+    if len(extras) > _EXTRAS:
+        raise ValueError(f"at most {_EXTRAS} per-rank extras, got {extras}")
+    mine = np.zeros(2 + _EXTRAS, dtype=np.int64)
+    if sig is not None and error is None:
+        mine[0] = _digest(sig)
+        mine[2 : 2 + len(extras)] = [int(sig[k]) for k in extras]
+    else:
+        mine[1] = 1
+    table = np.empty((t.size, 2 + _EXTRAS), dtype=np.int64)
+    t.allgatherv(table, [2 + _EXTRAS] * t.size, sendbuf=mine)
+    if table[:, 1].any() or (table[:, 0] != table[0, 0]).any():
+        _slow_verdict(t, what, sig, error)
+    assert sig is not None
+    return [{**sig, **{k: int(row[2 + i]) for i, k in enumerate(extras)}} for row in table]
 
 
 def prepare(

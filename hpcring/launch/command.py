@@ -29,6 +29,7 @@ class LaunchSpec:
     rsh_agent: str | None = None
     yield_when_idle: bool | None = None  # None: when ranks on one host outnumber its cores
     start_timeout_s: float = 120.0
+    fail_fast: bool = True  # Python ranks exit without MPI_Finalize on error (hpcring.launch.pyrun)
     settings: Mapping[str, str] = field(default_factory=dict)  # engine settings exported to every rank
 
     def __post_init__(self) -> None:

@@ -13,7 +13,9 @@ import argparse
 import contextlib
 import ctypes
 import os
+import re
 import selectors
+import shutil
 import signal
 import socket
 import subprocess
@@ -169,6 +171,31 @@ class Wrapper:
                 self.end_child()
 
 
+_PYTHON_NAME = re.compile(r"^python(\d+(\.\d+)?)?$")
+_PY_OPTS_WITH_VALUE = ("-X", "-W", "--check-hash-based-pycs")
+
+
+def fail_fast_command(cmd: Sequence[str]) -> list[str]:
+    """`python [opts] X ...` -> `python [opts] -m hpcring.launch.pyrun X ...` (see pyrun's docstring).
+
+    Only for an interpreter of this very environment (same bin directory as ours, so it can import hpcring)
+    running a script, `-m` or `-c`; anything else, including `python -m mpi4py` and stdin, is left alone.
+    """
+    exe = shutil.which(cmd[0]) if cmd else None
+    if exe is None or not _PYTHON_NAME.match(os.path.basename(exe)):
+        return list(cmd)
+    if os.path.dirname(os.path.abspath(exe)) != os.path.dirname(os.path.abspath(sys.executable)):
+        return list(cmd)
+    i = 1
+    while i < len(cmd) and cmd[i].startswith("-") and cmd[i] not in ("-", "-m", "-c"):
+        if cmd[i].startswith(("-m", "-c")):
+            return list(cmd)  # -mpytest / -cCODE: rare spellings, left as they are
+        i += 2 if cmd[i] in _PY_OPTS_WITH_VALUE else 1
+    if i >= len(cmd) or cmd[i] == "-" or cmd[i : i + 2] == ["-m", "mpi4py"]:
+        return list(cmd)
+    return [*cmd[:i], "-m", "hpcring.launch.pyrun", *cmd[i:]]
+
+
 def _environment(go: dict[str, Any]) -> dict[str, str]:
     env = dict(os.environ)
     for key, value in go.get("defaults", {}).items():
@@ -181,11 +208,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hpcring.launch.rankwrap", description=__doc__)
     parser.add_argument("--control", required=True, help="launcher address(es) HOST:PORT[,HOST:PORT]")
     parser.add_argument("--token", required=True, help="job secret that the launcher checks")
+    parser.add_argument("--fail-fast", action="store_true", help="run Python commands under hpcring's pyrun")
     parser.add_argument("cmd", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not cmd:
         parser.error("no command given after --")
+    if args.fail_fast:
+        cmd = fail_fast_command(cmd)
     # The MPI launcher's own variables, not HPCRING_* (which a nested launch may have inherited).
     rank, size = mpi_rank_size(os.environ) or (0, 1)
     sock = _connect(args.control.split(","), time.monotonic() + CONNECT_TIMEOUT_S)

@@ -9,6 +9,7 @@ lingers, so the whole job ends within ~10 s of a failure.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import secrets
 import selectors
@@ -66,6 +67,12 @@ def _route_source(host: str) -> str | None:
         return None
 
 
+def _term_with_parent() -> None:
+    """In mpiexec before exec: SIGTERM if the launcher dies (even by SIGKILL), so mpiexec ends its ranks."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
+
+
 def forwarded_env(env: Mapping[str, str]) -> dict[str, str]:
     """The launcher's variables that remote ranks get when theirs lack them (MPI internals excluded)."""
     return {
@@ -73,6 +80,80 @@ def forwarded_env(env: Mapping[str, str]) -> dict[str, str]:
         for k, v in env.items()
         if k not in _FORWARD_SKIP and not k.startswith(_FORWARD_SKIP_PREFIXES) and k not in RANK_VARIABLES
     }
+
+
+class MpiOutput:
+    """mpiexec's own output, relayed line by line.
+
+    Open MPI's "exited improperly" help block is dropped when we are ending the job ourselves: we ended those
+    processes, and the launcher already named the cause. It can arrive just before the failing rank's report,
+    so such a block is held back briefly before it is shown."""
+
+    NOISE = ("improperly", "exited due to process rank", "noticed that process rank", "BAD TERMINATION")
+    # MPICH's lines after its "BAD TERMINATION" box
+    NOISE_LINES = (
+        b"YOUR APPLICATION TERMINATED WITH THE EXIT STRING",
+        b"This typically refers to a problem with your application.",
+        b"Please see the FAQ page for debugging suggestions",
+    )
+    HOLD_S = 3.0
+
+    def __init__(self, stream: BinaryIO, aborting: Callable[[], bool]) -> None:
+        self.stream = stream
+        self.aborting = aborting
+        self.partial = b""
+        self.block: list[bytes] | None = None
+        self.held: list[tuple[float, list[bytes]]] = []
+
+    def feed(self, data: bytes, final: bool = False) -> None:
+        lines = (self.partial + data).split(b"\n")
+        self.partial = lines.pop()
+        if final and self.partial:
+            lines.append(self.partial)
+            self.partial = b""
+        out: list[bytes] = []
+        for line in lines:
+            ruler = len(line) > 20 and len(set(line.strip())) == 1 and line.strip()[:1] in (b"-", b"=")
+            if self.block is None and ruler:
+                self.block = [line]
+            elif self.block is None and line.startswith(self.NOISE_LINES):
+                self._hold([line])
+            elif self.block is not None:
+                self.block.append(line)
+                if ruler:
+                    out += self._close_block()
+            else:
+                out.append(line)
+        if final and self.block is not None:
+            out += self.block
+            self.block = None
+        self._write(out)
+        self.tick(final)
+
+    def tick(self, final: bool = False) -> None:
+        """Drop held blocks once the job is aborting; show them when their hold expires or at the end."""
+        if self.aborting():
+            self.held.clear()
+        now = time.monotonic()
+        while self.held and (final or self.held[0][0] <= now):
+            self._write(self.held.pop(0)[1])
+
+    def _write(self, lines: list[bytes]) -> None:
+        if lines:
+            self.stream.write(b"".join(line + b"\n" for line in lines))
+            self.stream.flush()
+
+    def _close_block(self) -> list[bytes]:
+        block, self.block = self.block or [], None
+        text = b" ".join(block).decode(errors="replace")
+        if any(n in text for n in self.NOISE):
+            self._hold(block)
+            return []
+        return block
+
+    def _hold(self, lines: list[bytes]) -> None:
+        if not self.aborting():
+            self.held.append((time.monotonic() + self.HOLD_S, lines))
 
 
 @dataclass
@@ -155,6 +236,9 @@ class Supervisor:
             if not conn.exited:
                 with contextlib.suppress(OSError):
                     conn.sock.sendall(protocol.json_frame(protocol.TERMINATE, {"reason": "job aborted"}))
+
+    def _aborting(self) -> bool:
+        return self.abort_at is not None
 
     def _kill_mpiexec(self, sig: signal.Signals) -> None:
         if self.mpiexec is not None and self.mpiexec.poll() is None:
@@ -277,6 +361,18 @@ class Supervisor:
             assert conn.rank is not None
             self._fail(conn.rank, describe_end(code_i, sig_i), exit_status(code_i, sig_i))
 
+    def _relay(self, key: selectors.SelectorKey) -> None:
+        out: MpiOutput = key.data
+        try:
+            data = os.read(key.fd, 65536)
+        except OSError:
+            data = b""
+        if data:
+            out.feed(data)
+        else:
+            self.sel.unregister(key.fileobj)
+            out.feed(b"", final=True)
+
     def _closed(self, conn: Conn) -> None:
         with contextlib.suppress(KeyError, ValueError):
             self.sel.unregister(conn.sock)
@@ -301,6 +397,7 @@ class Supervisor:
             ",".join(addresses),
             "--token",
             self.token,
+            *(["--fail-fast"] if self.spec.fail_fast else []),
             "--",
             *self.spec.command,
         ]
@@ -318,10 +415,20 @@ class Supervisor:
         try:
             try:
                 self.mpiexec = subprocess.Popen(
-                    argv, env=env, stdin=subprocess.DEVNULL, start_new_session=True
+                    argv,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    start_new_session=True,  # we signal its group; a terminal's Ctrl-C reaches us, not it
+                    preexec_fn=_term_with_parent,
                 )
             except OSError as exc:
                 raise LaunchError(f"cannot start {argv[0]}: {exc.strerror or exc}") from None
+            aborting = self._aborting
+            assert self.mpiexec.stdout is not None and self.mpiexec.stderr is not None
+            self.sel.register(self.mpiexec.stdout, selectors.EVENT_READ, MpiOutput(self.out, aborting))
+            self.sel.register(self.mpiexec.stderr, selectors.EVENT_READ, MpiOutput(self.err, aborting))
             return self._loop(server)
         finally:
             for s, handler in previous.items():
@@ -341,6 +448,8 @@ class Supervisor:
             for key, _ in self.sel.select(timeout=0.2):
                 if key.data is None:
                     self._accept(server)
+                elif isinstance(key.data, MpiOutput):
+                    self._relay(key)
                 else:
                     self._read(key.data)
             now = time.monotonic()
@@ -359,10 +468,17 @@ class Supervisor:
                 self._kill_mpiexec(signal.SIGKILL)
             if mpiexec_done_at is None and self.mpiexec.poll() is not None:
                 mpiexec_done_at = now
-            live = [c for c in self.conns.values() if not c.exited]
-            # Done when mpiexec has exited and every wrapper has reported (or a short drain has passed).
+            live = any(not c.exited for c in self.conns.values())
+            live |= any(isinstance(k.data, MpiOutput) for k in self.sel.get_map().values())
+            for key in list(self.sel.get_map().values()):
+                if isinstance(key.data, MpiOutput):
+                    key.data.tick()
+            # Done when mpiexec has exited, every wrapper has reported, its output is drained (or 3 s later).
             if mpiexec_done_at is not None and (not live or now - mpiexec_done_at > 3.0):
                 break
+        for key in list(self.sel.get_map().values()):
+            if isinstance(key.data, MpiOutput):  # a daemon still holds the pipe: flush what we have
+                key.data.feed(b"", final=True)
         return self._result()
 
     def _result(self) -> int:

@@ -55,11 +55,18 @@ def positive_int(text: str) -> int:
     return value
 
 
-def _int_arg(text: str) -> int:
-    try:
-        return positive_int(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}") from exc
+def _int_type(var: str) -> Callable[[str], int]:
+    """argparse type for a count; argparse also applies it to the environment default, so errors name both."""
+
+    def convert(text: str) -> int:
+        try:
+            return positive_int(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(
+                f"expected a non-negative integer, got {text!r} (from the flag or {var})"
+            ) from exc
+
+    return convert
 
 
 def add_profile_args(p: argparse.ArgumentParser) -> None:
@@ -91,7 +98,7 @@ def add_shape_args(p: argparse.ArgumentParser) -> None:
             "hardware threads per core (default: the site's smt)",
         ),
     ):
-        g.add_argument(flag, type=_int_arg, default=env_default(var, positive_int), help=f"{text} [{var}]")
+        g.add_argument(flag, type=_int_type(var), default=os.environ.get(var) or None, help=f"{text} [{var}]")
     g.add_argument(
         "--time", default=env_default("HPCRING_TIME"), help="walltime, e.g. 30 or 02:00:00 [HPCRING_TIME]"
     )

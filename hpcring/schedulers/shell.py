@@ -35,10 +35,19 @@ def join(words: Iterable[object]) -> str:
     return " ".join(quote(w) for w in words)
 
 
+_LINE_BREAKS = {
+    "\n": "a newline",
+    "\r": "a carriage return",
+    "\0": "a NUL byte",
+    # Other characters that editors and Python's splitlines() treat as line ends: refused too, so that no tool
+    # reading the script can see a directive line end early.
+    **{ch: f"a line-breaking character {ch!r}" for ch in "\v\f\x1c\x1d\x1e\x85\u2028\u2029"},
+}
+
+
 def check_line_safe(value: str, what: str) -> str:
-    """Refuse characters that would end a directive line (and NUL, which no file name or argument can
-    hold)."""
-    for ch, name in (("\n", "a newline"), ("\r", "a carriage return"), ("\0", "a NUL byte")):
+    """Refuse characters that would end a directive line (and NUL, which no file name or argument can hold)."""
+    for ch, name in _LINE_BREAKS.items():
         if ch in value:
             raise ConfigError(
                 f"{what} {value!r} contains {name}; it would end the #SBATCH/#BSUB line and could start a "

@@ -214,7 +214,31 @@ def _submit(
         device=_device(tensor),
     )
     req = Request(sig, set_id, src.array, None if output is None else output.array, splits)
+    batch: list[Request] | None = getattr(_tls, "batch", None)
+    if batch is not None:  # inside a grouped call: queued together by _submit_group
+        batch.append(req)
+        return req.handle
     return basics.engine().submit(req)
+
+
+_tls = threading.local()
+
+
+def _submit_group(make: Callable[[], list[int]]) -> int:
+    """Run `make` (which calls the single-tensor *_async functions) and queue all its requests atomically, so
+    the group is negotiated, and fused, as one unit; returns one handle for the list of results."""
+    _tls.batch = []
+    handles: list[int] = []
+    try:
+        handles = make()
+        basics.engine().submit_many(_tls.batch)
+    except BaseException:
+        for h in handles:
+            _handle_map.pop(h, None)
+        raise
+    finally:
+        _tls.batch = None
+    return _grouped(handles)
 
 
 def _check_scale(value: Any, what: str, which: str) -> float:
@@ -360,7 +384,7 @@ def grouped_allreduce_async(
     """allreduce_async of a list of tensors under one handle (fused together by the engine)."""
     op = handle_average_backwards_compatibility(op, average)
     names = _group_names("allreduce", name, len(tensors))
-    return _grouped([allreduce_async(t, None, n, op, prescale_factor, postscale_factor, process_set)
+    return _submit_group(lambda: [allreduce_async(t, None, n, op, prescale_factor, postscale_factor, process_set)
                      for t, n in zip(tensors, names, strict=True)])
 
 
@@ -376,7 +400,7 @@ def grouped_allreduce_async_(
     """In-place grouped_allreduce_async."""
     op = handle_average_backwards_compatibility(op, average)
     names = _group_names("allreduce", name, len(tensors))
-    return _grouped([allreduce_async_(t, None, n, op, prescale_factor, postscale_factor, process_set)
+    return _submit_group(lambda: [allreduce_async_(t, None, n, op, prescale_factor, postscale_factor, process_set)
                      for t, n in zip(tensors, names, strict=True)])
 
 
@@ -492,7 +516,7 @@ def grouped_allgather_async(
 ) -> int:
     """allgather_async of a list of tensors under one handle."""
     names = _group_names("allgather", name, len(tensors))
-    return _grouped([allgather_async(t, n, process_set) for t, n in zip(tensors, names, strict=True)])
+    return _submit_group(lambda: [allgather_async(t, n, process_set) for t, n in zip(tensors, names, strict=True)])
 
 
 class HorovodGroupedAllgather(torch.autograd.Function):  # type: ignore[misc]
@@ -754,7 +778,7 @@ def grouped_reducescatter_async(
 ) -> int:
     """reducescatter_async of a list of tensors under one handle."""
     names = _group_names("reducescatter", name, len(tensors))
-    return _grouped([reducescatter_async(t, n, op, process_set, prescale_factor, postscale_factor)
+    return _submit_group(lambda: [reducescatter_async(t, n, op, process_set, prescale_factor, postscale_factor)
                      for t, n in zip(tensors, names, strict=True)])
 
 

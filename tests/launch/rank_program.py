@@ -3,7 +3,8 @@
 Modes: `env` prints this rank's launcher variables as JSON; `lines N LEN` prints N long lines fast (to catch
 interleaving); `mpi` does a real MPI allreduce; `fail DIR RANK HOW` records pids (its own and a grandchild's)
 in DIR, then the given rank fails (HOW = exit code, or `kill` for SIGKILL) while the others wait to be ended;
-`wait DIR` records pids and waits (for signals sent to the launcher).
+`wait DIR` records pids and waits (for signals sent to the launcher); `mpi-fail HOW RANK` makes RANK raise
+(HOW = raise) or sys.exit(HOW) after MPI_Init while the others wait in a barrier.
 """
 
 from __future__ import annotations
@@ -67,6 +68,18 @@ def main() -> None:
         comm = MPI.COMM_WORLD
         total = comm.allreduce(comm.Get_rank() + 1)
         print(f"mpi rank={comm.Get_rank()} size={comm.Get_size()} sum={total}", flush=True)
+    elif mode == "mpi-fail":
+        # A rank fails after MPI_Init while the others wait for it in a collective: without fail-fast, its
+        # MPI_Finalize at exit would wait for them and the job would hang.
+        from mpi4py import MPI
+
+        comm = MPI.COMM_WORLD
+        comm.Barrier()
+        if comm.Get_rank() == int(sys.argv[3]):
+            if sys.argv[2] == "raise":
+                raise ValueError(f"rank {comm.Get_rank()} fails on purpose")
+            sys.exit(int(sys.argv[2]))
+        comm.Barrier()
     elif mode == "fail":
         directory, failing, how = sys.argv[2], int(sys.argv[3]), sys.argv[4]
         record_pids(directory)

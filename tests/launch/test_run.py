@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -141,10 +142,12 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
-def assert_no_orphans(directory: Path, np: int) -> None:
+def assert_no_orphans(directory: Path, np: int, extra: Sequence[int] = (), within: float = 5) -> None:
+    """Every pid the ranks recorded (their own and a grandchild's), plus `extra`, is gone within `within`."""
     pids = [int(p) for f in directory.glob("*.pids") for p in f.read_text().split()]
     assert len(pids) == 2 * np, f"expected every rank to record 2 pids, got {pids}"
-    deadline = time.monotonic() + 5  # the kernel reaps asynchronously
+    pids += extra
+    deadline = time.monotonic() + within  # the kernel reaps asynchronously
     while any(alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not [p for p in pids if alive(p)], "processes outlived the job"
@@ -167,13 +170,48 @@ def test_failing_rank_ends_the_job(
     wall = time.monotonic() - start
     assert proc.returncode == code, proc.stderr
     assert f"hpcring run: {message}" in proc.stderr
+    assert "improperly" not in proc.stderr  # Open MPI's help text about ranks we ended is not shown
     assert sorted(prefixed(proc.stdout, "stdout")) == list(range(np))
     assert wall < 60, f"the job took {wall:.1f} s to end after a rank failed (hang guard; target < 10 s)"
     assert_no_orphans(tmp_path, np)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize(
+    ("flavour", "how", "code"), [("openmpi", "raise", 1), ("mpich", "raise", 1), ("openmpi", "4", 4)]
+)
+def test_rank_failing_after_mpi_init_does_not_hang(
+    hpcring_run: RunRanks, flavour: str, how: str, code: int
+) -> None:
+    """A Python rank that raises or exits non-zero after MPI_Init while the others wait in a collective."""
+    start = time.monotonic()
+    proc = hpcring_run(3, ["{python}", PROGRAM, "mpi-fail", how, "1"], flavour=flavour, timeout=120)
+    wall = time.monotonic() - start
+    assert proc.returncode == code, proc.stderr
+    assert f"hpcring run: rank 1 exited with code {code}" in proc.stderr
+    if how == "raise":
+        assert "[1]<stderr>:ValueError: rank 1 fails on purpose" in proc.stderr  # the traceback is kept
+    assert "improperly" not in proc.stderr and "BAD TERMINATION" not in proc.stderr
+    assert wall < 60, f"{wall:.1f} s (hang guard)"
+
+
+def test_no_fail_fast_leaves_python_commands_alone(hpcring_run: RunRanks) -> None:
+    proc = hpcring_run(
+        1,
+        [
+            "{python}",
+            "-c",
+            "import sys; print(sys.argv, sys.modules['__main__'].__file__ if "
+            "hasattr(sys.modules['__main__'], '__file__') else None)",
+        ],
+        extra=["--no-fail-fast"],
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[0]<stdout>:['-c'] None"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL])
 def test_signal_to_launcher_ends_every_rank(tmp_path: Path, sig: signal.Signals) -> None:
+    """Ctrl-C / SIGTERM end the job cleanly; even SIGKILL (no clean-up possible) leaves no process behind."""
     np = 2
     argv = [sys.executable, "-m", "hpcring", "run", "-np", str(np), "--", sys.executable, PROGRAM, "wait"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -194,14 +232,17 @@ def test_signal_to_launcher_ends_every_rank(tmp_path: Path, sig: signal.Signals)
     assert ready == np
     launcher = [p for p in _children(proc.pid) if b"hpcring" in Path(f"/proc/{p}/cmdline").read_bytes()]
     assert launcher, "launcher process not found under timeout"
+    mpiexec = _children(launcher[0])
     start = time.monotonic()
     os.kill(launcher[0], sig)
     _, err = proc.communicate(timeout=60)
     wall = time.monotonic() - start
-    assert proc.returncode == 128 + sig, err
-    assert f"received {sig.name}; ending all ranks" in err
-    assert wall < 30
-    assert_no_orphans(tmp_path, np)
+    # `timeout` re-raises a child's fatal signal on itself; SIGKILL can only be seen that way.
+    assert proc.returncode == (-sig if sig == signal.SIGKILL else 128 + sig), err
+    if sig != signal.SIGKILL:
+        assert f"received {sig.name}; ending all ranks" in err
+        assert wall < 30
+    assert_no_orphans(tmp_path, np, extra=mpiexec, within=20)
 
 
 def _children(pid: int) -> list[int]:
@@ -273,6 +314,13 @@ def test_flags_from_environment() -> None:
     )
     bad = run_cli("--", "prog", env={"HPCRING_NP": "3", "HPCRING_EMULATE_NODES": "9"})
     assert bad.returncode == 2 and "--emulate-nodes 9" in bad.stderr
+
+
+def test_missing_command_is_reported_as_exit_127(hpcring_run: RunRanks) -> None:
+    proc = hpcring_run(1, ["/nonexistent/program"], flavour="mpich")
+    assert proc.returncode == 127
+    assert "rank 0: cannot start '/nonexistent/program'" in proc.stderr
+    assert "hpcring run: rank 0 exited with code 127" in proc.stderr
 
 
 def test_mpich_environment_is_detected() -> None:

@@ -177,31 +177,42 @@ class Engine:
 
     def submit(self, req: Request) -> Handle:
         """Queue a request; ValueError for a name already in flight in its process set on this rank."""
+        self.submit_many([req])
+        return req.handle
+
+    def submit_many(self, reqs: Sequence[Request]) -> None:
+        """Queue requests atomically: they reach negotiation in the same cycle, so a group (e.g. a grouped
+        allreduce) becomes ready, and is fused, together. Nothing is queued if any request is refused."""
         with self._lock:
             if self._closed or self._stopped.is_set():
-                raise CollectiveError(
-                    f"hpcring engine is shut down ({self._stop_reason or 'shutdown() called'})"
-                )
-            st = self._sets.get(req.process_set_id)
-            if st is None:
-                if req.process_set_id in self._set_ranks:
+                reason = self._stop_reason or "shutdown() called"
+                raise CollectiveError(f"hpcring engine is shut down ({reason})")
+            seen: set[tuple[int, str]] = set()
+            for req in reqs:
+                st = self._member_state(req.process_set_id)
+                key = (req.process_set_id, req.sig.name)
+                if req.sig.name in st.inflight or key in seen:
                     raise ValueError(
-                        f"this rank ({self.world_rank}) is not a member of process set {req.process_set_id} "
-                        f"(ranks {list(self._set_ranks[req.process_set_id])})"
+                        f"a collective named {req.sig.name!r} is already in flight on this rank; wait for it "
+                        "(synchronize) or use a different name"
                     )
-                raise ValueError(
-                    f"process set {req.process_set_id} is not registered (removed, or never added)"
-                )
-            name = req.sig.name
-            if name in st.inflight:
-                raise ValueError(
-                    f"a collective named {name!r} is already in flight on this rank; wait for it (synchronize) or "
-                    "use a different name"
-                )
-            st.inflight[name] = req
-            st.incoming.append(req)
+                seen.add(key)
+            for req in reqs:
+                st = self._sets[req.process_set_id]
+                st.inflight[req.sig.name] = req
+                st.incoming.append(req)
             self._wake.notify()
-        return req.handle
+
+    def _member_state(self, set_id: int) -> _SetState:
+        st = self._sets.get(set_id)
+        if st is not None:
+            return st
+        if set_id in self._set_ranks:
+            raise ValueError(
+                f"this rank ({self.world_rank}) is not a member of process set {set_id} "
+                f"(ranks {list(self._set_ranks[set_id])})"
+            )
+        raise ValueError(f"process set {set_id} is not registered (removed, or never added)")
 
     def set_ranks(self, set_id: int) -> tuple[int, ...]:
         """World ranks of a registered process set."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -24,10 +25,9 @@ PREFIX = f"ht{os.getpid()}n"
 
 @dataclass(frozen=True)
 class NetnsCluster:
-    """Node names, in order; helpers to run commands on them and read their link counters."""
+    """Node names, in order, and a reader for their link counters."""
 
     nodes: tuple[str, ...]
-    env: dict[str, str]
 
     def counters(self, node: str) -> tuple[int, int]:
         """(tx, rx) bytes of the node's eth0."""
@@ -62,8 +62,8 @@ def skip_reason() -> str | None:
     return None
 
 
-def cluster_sh(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "HPCRING_NETNS_PREFIX": PREFIX}
+def cluster_sh(*args: str, prefix: str = PREFIX) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "HPCRING_NETNS_PREFIX": prefix}
     return subprocess.run(
         [str(CLUSTER_SH), *args], capture_output=True, text=True, timeout=120, env=env, check=False
     )
@@ -75,3 +75,15 @@ def flavour_python(flavour: str) -> str | None:
         return sys.executable
     py = os.environ.get("HPCRING_TEST_MPICH_PYTHON") or str(ROOT / ".venv-mpich" / "bin" / "python")
     return py if Path(py).exists() else None
+
+
+def reap_stale() -> list[str]:
+    """Tear down clusters left by test sessions that were killed before their teardown (their pid is gone)."""
+    listing = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=30, check=False)
+    reaped = []
+    for line in listing.stdout.splitlines():
+        match = re.match(r"^(ht(\d+)n)fabric\b", line)
+        if match and not Path(f"/proc/{match.group(2)}").exists():
+            cluster_sh("down", prefix=match.group(1))
+            reaped.append(match.group(1))
+    return reaped

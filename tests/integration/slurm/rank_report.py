@@ -5,7 +5,8 @@ what hpcring says (rank/local_rank/cross_rank/local_size/...), its hostname, pid
 then compares these with `hpcring map`'s prediction for the same job. With --collectives, every allreduce
 algorithm runs on sizes that do and do not divide by the local size, and the results are checked against the
 closed-form sum over ranks; a wrong result makes the rank exit 1 (and the job fail). With --kill-rank R, rank
-R SIGKILLs itself after a first allreduce while the others keep reducing: the job must end, not hang.
+R SIGKILLs itself after a first allreduce while the others keep reducing (or computing, outside MPI): the job
+must end, not hang.
 
 Runs in both venvs (MPICH's has no torch), so it uses numpy arrays only.
 """
@@ -57,16 +58,24 @@ def check_allreduce(size: int, rank: int) -> list[dict[str, Any]]:
     return results
 
 
-def kill_test(kill_rank: int, rank: int, outdir: Path) -> None:
-    """Rank `kill_rank` dies by SIGKILL mid-job; the others keep reducing until the job is torn down."""
+def kill_test(kill_rank: int, rank: int, outdir: Path, survivors: str) -> None:
+    """Rank `kill_rank` dies by SIGKILL mid-job; the job must then end every other rank.
+
+    survivors="collective": the others keep reducing, so MPI itself sees the peer vanish (and may abort
+    first);
+    survivors="compute": the others are busy outside MPI, so only the launcher can stop them.
+    """
     hc.allreduce(np.ones(8), algorithm="native")
     (outdir / f"alive-{rank:03d}.pid").write_text(str(os.getpid()))
     if rank == kill_rank:
-        time.sleep(0.5)  # let every survivor enter the loop below first
+        time.sleep(1.0)  # let every survivor enter its loop below first
         os.kill(os.getpid(), signal.SIGKILL)
     deadline = time.monotonic() + 120  # a hang guard only: the job must end far sooner
     while time.monotonic() < deadline:
-        hc.allreduce(np.ones(1024), algorithm="native")
+        if survivors == "collective":
+            hc.allreduce(np.ones(1024), algorithm="native")
+        else:
+            time.sleep(0.05)
     (outdir / f"survived-{rank:03d}").write_text("the job was not torn down after a rank died\n")
     sys.exit(3)
 
@@ -76,6 +85,12 @@ def main() -> int:
     parser.add_argument("outdir", type=Path)
     parser.add_argument("--collectives", action="store_true", help="check every allreduce algorithm")
     parser.add_argument("--kill-rank", type=int, default=None, help="this rank SIGKILLs itself mid-job")
+    parser.add_argument(
+        "--survivors",
+        choices=("collective", "compute"),
+        default="collective",
+        help="what the others do meanwhile",
+    )
     args = parser.parse_args()
     report = placement()
     hc.init()
@@ -89,7 +104,7 @@ def main() -> int:
         cross_size=hc.cross_size(),
     )
     if args.kill_rank is not None:
-        kill_test(args.kill_rank, rank, args.outdir)
+        kill_test(args.kill_rank, rank, args.outdir, args.survivors)
     if args.collectives:
         report["allreduce"] = check_allreduce(size, rank)
     (args.outdir / f"rank-{rank:03d}.json").write_text(json.dumps(report))

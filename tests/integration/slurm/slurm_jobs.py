@@ -91,6 +91,8 @@ def job_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """Environment to submit with: sbatch exports it to the job, minus anything a surrounding job set."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_", "HPCRING_RANK"))}
     env["PYTHONUNBUFFERED"] = "1"
+    # What a site's `module load openmpi` does: the mpirun that rendered mpirun-launcher scripts call.
+    env["PATH"] = f"{OMPI_PY.parent}:{env.get('PATH', '/usr/bin:/bin')}"
     env.pop("HPCRING_RANKED", None)
     return {**env, **(extra or {})}
 

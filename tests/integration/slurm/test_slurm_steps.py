@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -73,7 +74,13 @@ def test_steps_are_separated_by_barriers(slurm_cluster: Cluster, tmp_path: Path)
 
 
 def test_failed_step_stops_the_job(slurm_cluster: Cluster, tmp_path: Path) -> None:
+    """Rank 2 fails step one: srun ends the step (--kill-on-bad-exit), the job fails, step two never runs."""
     job, stamps = run_steps(tmp_path, fail_rank=2)
-    assert job.exit_code != 0, f"a failing step must fail the job:\n{job.output}"
-    assert len(stamps["one"]) == RANKS, job.output  # the failing rank still did its work, then exited 5
-    assert stamps["two"] == [] and stamps["three"] == [], f"later steps ran after a failure: {stamps}"
+    ctx = f"job {job.job_id} ({job.state}, exit {job.exit_code}):\n{job.output}"
+    assert job.exit_code != 0 and job.state == "FAILED", ctx
+    assert 2 in {s["rank"] for s in stamps["one"]}, ctx  # the failing rank did run its step
+    assert stamps["two"] == [] and stamps["three"] == [], f"later steps ran after a failure: {stamps}\n{ctx}"
+    flat = " ".join(job.output.split())
+    assert re.search(r"task 2: Exited with exit code 5", flat), (
+        f"the log does not name the failed rank:\n{ctx}"
+    )

@@ -30,16 +30,22 @@ def submit(tmp_path: Path, shell: str) -> tuple[subprocess.CompletedProcess[str]
         "hpcring-submit-test",
         "--job-output",
         str(tmp_path / "job-%j.out"),
+        "-o",
+        str(tmp_path / "job.sh"),
         "--wait",
+        "--wait-timeout",
+        "120",
         "--",
         "bash",
         "-c",
         shell,
         timeout=150,
     )
-    found = re.search(r"\b(\d+)\b", res.stdout)
-    assert found, f"no job id printed by hpcring submit:\nstdout={res.stdout}\nstderr={res.stderr}"
-    return res, int(found.group(1))
+    first = res.stdout.splitlines()[0] if res.stdout.strip() else ""
+    assert first.isdigit(), (
+        f"hpcring submit must print the job id first:\nstdout={res.stdout}\nstderr={res.stderr}"
+    )
+    return res, int(first)
 
 
 def scontrol_job(job_id: int) -> dict[str, str]:
@@ -64,3 +70,37 @@ def test_submit_wait_returns_the_jobs_exit_code(slurm_cluster: Cluster, tmp_path
     assert res.returncode == 3, f"--wait returned {res.returncode}:\n{res.stdout}\n{res.stderr}"
     info = scontrol_job(job_id)
     assert info["JobState"] == "FAILED" and info["ExitCode"].startswith("3:"), info
+
+
+def test_submit_dry_run_submits_nothing(slurm_cluster: Cluster, tmp_path: Path) -> None:
+    """--dry-run shows the script and the sbatch command, and the scheduler never hears of the job."""
+    before = subprocess.run(
+        ["timeout", "30", "squeue", "-h"], capture_output=True, text=True, check=True
+    ).stdout
+    res = hpcring_cli(
+        "submit",
+        "--profile",
+        str(PROFILES / "emulated-srun.yaml"),
+        "--nodes",
+        str(NODES),
+        "--ranks-per-node",
+        "2",
+        "--job-name",
+        "hpcring-dry-run",
+        "-o",
+        str(tmp_path / "job.sh"),
+        "--dry-run",
+        "--",
+        "true",
+    )
+    assert res.returncode == 0, res.stderr
+    assert "#SBATCH --nodes=2" in res.stdout and "would run: sbatch" in res.stdout, res.stdout
+    assert not (tmp_path / "job.sh").exists()
+    after = subprocess.run(
+        ["timeout", "30", "squeue", "-h"], capture_output=True, text=True, check=True
+    ).stdout
+    assert before == after == ""
+    jobs = subprocess.run(
+        ["timeout", "30", "scontrol", "show", "jobs"], capture_output=True, text=True
+    ).stdout
+    assert "hpcring-dry-run" not in jobs

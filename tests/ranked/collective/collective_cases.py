@@ -10,6 +10,7 @@ import os
 from typing import Any
 
 import numpy as np
+
 from hpcring.collective import ReduceOp
 
 NDArray = np.ndarray[Any, Any]

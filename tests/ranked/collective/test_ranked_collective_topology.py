@@ -6,12 +6,11 @@ import os
 
 import numpy as np
 import pytest
+from collective_cases import emulated_node_of
 
 import hpcring
 from hpcring.collective import Topology
 from hpcring.errors import ConfigError
-
-from collective_cases import emulated_node_of
 
 
 def test_world_local_cross_match_layout(world: Topology) -> None:
@@ -21,7 +20,9 @@ def test_world_local_cross_match_layout(world: Topology) -> None:
     peers = [q for q in range(n) if nodes[q] == mine]
     assert hpcring.local_size() == len(peers)
     assert hpcring.local_rank() == peers.index(r)
-    same_local = [q for q in range(n) if [p for p in range(n) if nodes[p] == nodes[q]].index(q) == peers.index(r)]
+    same_local = [
+        q for q in range(n) if [p for p in range(n) if nodes[p] == nodes[q]].index(q) == peers.index(r)
+    ]
     assert hpcring.cross_size() == len(same_local)
     assert hpcring.cross_rank() == same_local.index(r)
     sizes = [nodes.count(k) for k in sorted(set(nodes))]

@@ -1,0 +1,90 @@
+"""Fail-fast runner for Python ranks: `python -m hpcring.launch.pyrun (SCRIPT | -m MODULE | -c CODE) [args]`.
+
+Why: a rank that raises (or calls `sys.exit(1)`, as pytest does on a failed test) after `MPI_Init` would run
+mpi4py's `MPI_Finalize` at exit, which waits for the other ranks, which wait in a collective for it: the job
+hangs and no launcher can see a failure. This runner behaves exactly like `python SCRIPT` etc., except that
+on an unhandled exception or a non-zero exit while MPI is initialised it prints the usual traceback, flushes,
+and exits at once without finalising MPI. The wrapper then reports that rank's status and `hpcring run` ends
+the others. Unlike `python -m mpi4py`, it does not call `MPI_Abort`, whose job-wide kill would race with (and
+blur) the report of which rank failed. `hpcring run` inserts it for Python commands of its own environment.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import runpy
+import sys
+import types
+from collections.abc import Sequence
+
+
+def _mpi_active() -> bool:
+    """True when this process initialised MPI and has not finalised it (only then can Finalize hang)."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is None:
+        return False
+    try:
+        return bool(mpi.Is_initialized()) and not bool(mpi.Is_finalized())
+    except Exception:
+        return False
+
+
+def _exit_now(status: int) -> None:
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(status)
+
+
+def _status(code: object) -> int:
+    """The process status Python would use for SystemExit(code); a message is printed like Python does."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    print(code, file=sys.stderr)
+    return 1
+
+
+def run(args: Sequence[str]) -> None:
+    """Run the target as Python's own command line would (sys.argv and sys.path[0] included)."""
+    if args[0] == "-m":
+        sys.argv = [args[1], *args[2:]]  # run_module sets argv[0] to the module's path
+        runpy.run_module(args[1], run_name="__main__", alter_sys=True)
+    elif args[0] == "-c":
+        sys.argv = ["-c", *args[2:]]
+        sys.path[0] = ""
+        main = types.ModuleType("__main__")
+        sys.modules["__main__"] = main
+        exec(compile(args[1], "<string>", "exec"), main.__dict__)
+    else:
+        sys.argv = list(args)
+        sys.path[0] = os.path.dirname(os.path.abspath(args[0]))
+        runpy.run_path(args[0], run_name="__main__")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or (args[0] in ("-m", "-c") and len(args) < 2):
+        sys.exit("usage: python -m hpcring.launch.pyrun (SCRIPT | -m MODULE | -c CODE) [args...]")
+    try:
+        run(args)
+    except SystemExit as exc:
+        status = _status(exc.code) if _mpi_active() else None
+        if status:
+            _exit_now(status)
+        raise
+    except KeyboardInterrupt:
+        if _mpi_active():
+            _exit_now(130)
+        raise
+    except BaseException:
+        if not _mpi_active():
+            raise
+        sys.excepthook(*sys.exc_info())
+        _exit_now(1)
+
+
+if __name__ == "__main__":
+    main()

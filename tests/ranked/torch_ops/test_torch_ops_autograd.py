@@ -1,0 +1,71 @@
+"""Gradients through the collectives follow Horovod's conventions (checked against closed forms)."""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+import torch
+
+
+def test_allreduce_backward_allreduces_the_gradient(hvd: ModuleType) -> None:
+    n, r = hvd.size(), hvd.rank()
+    x = torch.full((3,), float(r), requires_grad=True)
+    y = hvd.allreduce(x, op=hvd.Sum)
+    (y * (r + 1)).sum().backward()  # grad of y on rank r is (r + 1): the Sum-allreduce of it is n(n+1)/2
+    assert x.grad is not None and x.grad.tolist() == [n * (n + 1) / 2] * 3
+    z = torch.ones(2, requires_grad=True)
+    hvd.allreduce(z, op=hvd.Average, postscale_factor=2.0).sum().backward()
+    assert torch.allclose(z.grad, torch.full((2,), 2.0))  # Average of ones, times the postscale
+
+
+def test_allgather_backward_average_then_slice(hvd: ModuleType) -> None:
+    n, r = hvd.size(), hvd.rank()
+    x = torch.ones(r + 1, 2, requires_grad=True)
+    y = hvd.allgather(x)
+    weights = torch.arange(y.shape[0], dtype=torch.float32).unsqueeze(1) * (r + 1)
+    (y * weights).sum().backward()
+    offset = sum(q + 1 for q in range(r))
+    rows = torch.arange(offset, offset + r + 1, dtype=torch.float32).unsqueeze(1)
+    mean_scale = sum(q + 1 for q in range(n)) / n
+    assert torch.allclose(x.grad, (rows * mean_scale).expand(r + 1, 2))
+
+
+def test_broadcast_backward_only_root_gets_gradient(hvd: ModuleType) -> None:
+    n, r = hvd.size(), hvd.rank()
+    root = n - 1
+    x = torch.ones(4, requires_grad=True)
+    (hvd.broadcast(x, root_rank=root) * (r + 1)).sum().backward()
+    want = (n + 1) / 2 if r == root else 0.0
+    assert torch.allclose(x.grad, torch.full((4,), want))
+
+
+def test_reducescatter_backward_is_allgather(hvd: ModuleType) -> None:
+    n, r = hvd.size(), hvd.rank()
+    x = torch.ones(2 * n, 3, requires_grad=True)
+    y = hvd.reducescatter(x, op=hvd.Sum)
+    (y * (r + 1)).sum().backward()
+    want = torch.cat([torch.full((2, 3), float(q + 1)) for q in range(n)])
+    assert torch.equal(x.grad, want)
+    x2 = torch.ones(2 * n, 3, requires_grad=True)
+    (hvd.reducescatter(x2, op=hvd.Average) * (r + 1)).sum().backward()
+    assert torch.allclose(x2.grad, want / n)
+
+
+def test_alltoall_backward_sends_gradients_home(hvd: ModuleType) -> None:
+    n, r = hvd.size(), hvd.rank()
+    splits = [q + 1 for q in range(n)]
+    x = torch.ones(sum(splits), requires_grad=True)
+    out, received = hvd.alltoall(x, splits=splits)
+    assert received.tolist() == [r + 1] * n
+    (out * (r + 1)).sum().backward()  # rows sent to rank j come back with gradient j + 1
+    want = torch.cat([torch.full((j + 1,), float(j + 1)) for j in range(n)])
+    assert torch.equal(x.grad, want)
+
+
+def test_grouped_allreduce_backward(hvd: ModuleType) -> None:
+    n, r = hvd.size(), hvd.rank()
+    a = torch.ones(2, requires_grad=True)
+    b = torch.ones(3, requires_grad=True)
+    ya, yb = hvd.grouped_allreduce([a, b], op=hvd.Sum)
+    ((ya * (r + 1)).sum() + (yb * 2).sum()).backward()
+    assert a.grad.tolist() == [n * (n + 1) / 2] * 2 and b.grad.tolist() == [2.0 * n] * 3

@@ -1,0 +1,141 @@
+"""Engine behaviour seen through `hpcring.torch`: submit order, join, process sets, timeline, lifecycle, and a
+user's own mpi4py traffic next to ours."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import torch
+
+
+def test_basics(hvd: ModuleType) -> None:
+    n, r = hvd.size(), hvd.rank()
+    assert hvd.is_initialized() and 0 <= r < n
+    assert 0 <= hvd.local_rank() < hvd.local_size() <= n
+    assert 0 <= hvd.cross_rank() < hvd.cross_size() <= n
+    assert hvd.local_size() * hvd.cross_size() == n or not hvd.is_homogeneous()
+    assert hvd.mpi_built() and hvd.mpi_enabled() and hvd.mpi_threads_supported()
+    assert hvd.gloo_built() is False and hvd.ccl_built() is False and hvd.cuda_built() is False
+    assert hvd.rocm_built() is False and hvd.nccl_built() is False
+    assert int(os.environ["RANK"]) == r and int(os.environ["WORLD_SIZE"]) == n
+    hvd.init()  # idempotent
+    assert hvd.size() == n
+
+
+def test_different_submit_order_across_ranks(hvd: ModuleType) -> None:
+    n, r = hvd.size(), hvd.rank()
+    names = [f"order.{i}" for i in range(12)]
+    order = names[r:] + names[:r]  # every rank starts somewhere else
+    if r % 2:
+        order.reverse()
+    handles = {nm: hvd.allreduce_async(torch.full((5,), float(i + r)), name=nm, op=hvd.Sum)
+               for nm, i in ((nm, names.index(nm)) for nm in order)}
+    for i, nm in enumerate(names):
+        assert hvd.synchronize(handles[nm]).tolist() == [float(n * i + n * (n - 1) // 2)] * 5
+
+
+def test_join_with_uneven_data(hvd: ModuleType) -> None:
+    n, r = hvd.size(), hvd.rank()
+    steps = r + 1  # rank r has r + 1 batches: later ranks keep going after the early ones joined
+    for s in range(steps):
+        y = hvd.allreduce(torch.full((3,), 1.0), name="join.grad", op=hvd.Average)
+        active = n - s  # ranks r >= s are still submitting at step s; joined ranks add zeros
+        assert torch.allclose(y, torch.full((3,), active / n)), (s, y)
+        g = hvd.allgather(torch.full((1,), float(r)), name="join.gather")
+        assert g.tolist() == [float(q) for q in range(s, n)]
+    last = hvd.join()
+    assert last == n - 1
+    assert hvd.allreduce(torch.ones(1), op=hvd.Sum).item() == n  # normal service after everyone joined
+
+
+def test_dynamic_process_sets(hvd: ModuleType) -> None:
+    n, r = hvd.size(), hvd.rank()
+    evens = hvd.add_process_set([q for q in range(n) if q % 2 == 0])
+    odds = hvd.add_process_set(hvd.ProcessSet([q for q in range(n) if q % 2 == 1]))
+    mine, other = (evens, odds) if r % 2 == 0 else (odds, evens)
+    assert mine.included() and not other.included() and mine.rank() == mine.ranks.index(r)
+    y = hvd.allreduce(torch.full((2,), float(r)), op=hvd.Sum, process_set=mine, name="ps")
+    assert y.tolist() == [float(sum(mine.ranks))] * 2
+    g = hvd.allgather(torch.tensor([r]), process_set=mine)
+    assert g.tolist() == mine.ranks
+    b = hvd.broadcast(torch.tensor([float(r)]), root_rank=mine.ranks[-1], process_set=mine)
+    assert b.item() == mine.ranks[-1]
+    rs = hvd.reducescatter(torch.ones(2 * mine.size()), op=hvd.Sum, process_set=mine)
+    assert rs.tolist() == [float(mine.size())] * 2
+    hvd.barrier(process_set=mine)
+    with pytest.raises(ValueError, match="not a member"):
+        hvd.allreduce(torch.ones(1), process_set=other)
+    with pytest.raises(ValueError, match="already registered"):
+        hvd.add_process_set(list(mine.ranks))
+    assert hvd.remove_process_set(odds) and hvd.remove_process_set(evens)
+    assert mine.process_set_id is None and hvd.remove_process_set(mine) is False
+    with pytest.raises(ValueError, match="not registered"):
+        hvd.allreduce(torch.ones(1), process_set=mine)
+
+
+def test_user_mpi4py_calls_interleaved(hvd: ModuleType, comm: Any) -> None:
+    """The user's COMM_WORLD traffic, from the main thread, runs while the engine works on its own comms."""
+    n, r = hvd.size(), hvd.rank()
+    import numpy as np
+    from mpi4py import MPI
+
+    for step in range(5):
+        handles = [hvd.allreduce_async(torch.full((100,), float(r)), name=f"mix.{i}", op=hvd.Sum) for i in range(8)]
+        assert comm.allreduce(r + step, op=MPI.SUM) == n * (n - 1) // 2 + n * step
+        buf = np.full(4, r, dtype=np.int64)
+        comm.Bcast(buf, root=step % n)
+        assert buf.tolist() == [step % n] * 4
+        if r == 0:
+            comm.send(("hello", step), dest=n - 1, tag=7)
+        if r == n - 1:
+            assert comm.recv(source=0, tag=7) == ("hello", step)
+        for h in handles:
+            assert hvd.synchronize(h)[0].item() == n * (n - 1) // 2
+
+
+def test_timeline_at_run_time(hvd: ModuleType, comm: Any) -> None:
+    r = hvd.rank()
+    path = Path(comm.bcast(tempfile.mkdtemp(prefix="hpcring-tl-") if r == 0 else None)) / "timeline.json"
+    hvd.start_timeline(str(path), mark_cycles=True)
+    for step in range(2):
+        hvd.synchronize(hvd.grouped_allreduce_async([torch.ones(256) for _ in range(4)], name="tl"))  # fused
+        hvd.allgather(torch.ones(2), name=f"tl.gather.{step}")
+    hvd.stop_timeline()
+    comm.Barrier()
+    if r != 0:
+        assert not path.exists() or path.stat().st_size > 0
+        return
+    events = json.loads(path.read_text())
+    names = {e["name"] for e in events}
+    for phase in ("NEGOTIATE_ALLREDUCE", "ALLREDUCE", "QUEUE", "MEMCPY_IN_FUSION_BUFFER", "COLLECTIVE",
+                  "MEMCPY_OUT_FUSION_BUFFER", "NEGOTIATE_ALLGATHER", "ALLGATHER", "CYCLE_START"):
+        assert phase in names, phase
+    rows = {e["args"]["name"] for e in events if e["name"] == "process_name"}
+    assert {"allreduce.tl.0", "allgather.tl.gather.1"} <= rows
+    for ph in ("B", "E"):  # spans are balanced per tensor row
+        assert sum(1 for e in events if e.get("ph") == ph and e["name"] == "ALLREDUCE") == 8
+
+
+def test_static_process_sets_and_reinit(hvd: ModuleType) -> None:
+    """shutdown() then init(process_sets=...) starts a fresh engine with the static sets registered."""
+    n, r = hvd.size(), hvd.rank()
+    hvd.shutdown()
+    assert not hvd.is_initialized()
+    with pytest.raises(ValueError):
+        hvd.rank()
+    first = hvd.ProcessSet([0, n - 1])
+    everyone = hvd.ProcessSet(list(range(n)))
+    hvd.init(process_sets=[first, everyone])
+    assert first.process_set_id == 1 and everyone.process_set_id == 2
+    assert hvd.global_process_set.size() == n
+    if first.included():
+        y = hvd.allreduce(torch.tensor([float(r)]), op=hvd.Sum, process_set=first)
+        assert y.item() == float(n - 1)
+    z = hvd.allreduce(torch.tensor([1.0]), op=hvd.Sum, process_set=everyone)
+    assert z.item() == n

@@ -1,0 +1,234 @@
+"""Injection: hostile strings in the job name, command arguments, environment values and paths are rendered, the
+script runs under bash with stand-in launchers that record their argv and environment, and what they recorded equals
+the input exactly; a canary proves nothing else ran. A newline bound for a directive line is refused."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import hypothesis.strategies as st
+import pytest
+from hypothesis import HealthCheck, given, settings
+from sched_helpers import make_plan, render_plan
+
+from hpcring.errors import ConfigError
+from hpcring.schedulers import plan, shell
+from hpcring.schedulers.job import JobSpec
+
+RECORDER = """#!{python}
+import json, os, sys
+with open(os.environ["RECORD"], "a") as f:
+    f.write(json.dumps({{"tool": os.path.basename(sys.argv[0]), "argv": sys.argv[1:],
+                        "env": {{k: os.environ.get(k) for k in ("HPCRING_JOB_NAME", "PAYLOAD", "MASTER_ADDR")}},
+                        "cwd": os.getcwd()}}) + "\\n")
+"""
+
+NASTY = [
+    "plain",
+    "two words",
+    "it's",
+    'say "hi"',
+    "$(touch {canary})",
+    "`touch {canary}`",
+    "; touch {canary}",
+    "'; touch {canary}; '",
+    '"; touch {canary}; "',
+    "$HOME ${PATH} $$ $1",
+    "back\\slash\\",
+    "line\nbreak; touch {canary}",
+    "tab\there",
+    "#not a comment",
+    "*.py ?",
+    "-x",
+    "",
+    "ünïcödé ✓",
+    "a\\'b",
+    "HPCRING_EOF",
+]
+
+
+@pytest.fixture
+def sandbox(tmp_path: Path) -> dict[str, Any]:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    recorder = RECORDER.format(python=sys.executable)
+    for tool in ("srun", "jsrun", "mpirun", "mpiexec", "module"):
+        (bin_dir / tool).write_text(recorder)
+        (bin_dir / tool).chmod(0o755)
+    for tool, body in (("scontrol", "echo node1"), ("apptainer", "true"), ("singularity", "true")):
+        (bin_dir / tool).write_text(f"#!/bin/bash\n{body}\n")
+        (bin_dir / tool).chmod(0o755)
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("batch1\nh1\nh1\n")
+    return {"tmp": tmp_path, "bin": bin_dir, "canary": tmp_path / "canary", "hostfile": hostfile}
+
+
+def run_script(
+    box: dict[str, Any], text: str
+) -> tuple[subprocess.CompletedProcess[str], list[dict[str, Any]]]:
+    tmp: Path = box["tmp"]
+    script = tmp / "job.sh"
+    script.write_text(text)
+    record = tmp / "record.jsonl"
+    record.unlink(missing_ok=True)
+    env = {
+        "PATH": f"{box['bin']}:/usr/bin:/bin",
+        "RECORD": str(record),
+        "SLURM_JOB_NODELIST": "node1",
+        "SLURM_JOB_ID": "42",
+        "LSB_JOBID": "42",
+        "LSB_DJOB_HOSTFILE": str(box["hostfile"]),
+        "TMPDIR": str(tmp),
+        "HOME": str(tmp),
+    }
+    res = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env, cwd=tmp, timeout=60)
+    calls = [json.loads(line) for line in record.read_text().splitlines()] if record.exists() else []
+    return res, calls
+
+
+def expected_launch(plan_argv: tuple[str, ...], box: dict[str, Any]) -> list[str]:
+    """The step argv with hpcring's own Raw expressions expanded as bash will expand them."""
+    out = []
+    for word in plan_argv[1:]:
+        if isinstance(word, shell.Raw):
+            word = word.replace('"$HPCRING_ERF"', str(box["tmp"] / "hpcring-42.erf"))
+            word = word.replace('"$HPCRING_RANKFILE"', str(box["tmp"] / "hpcring-42.rankfile"))
+        out.append(str(word))
+    return out
+
+
+def check(profile: str, payload: str, box: dict[str, Any], **extra: Any) -> None:
+    canary: Path = box["canary"]
+    payload = payload.replace("{canary}", str(canary))
+    workdir = box["tmp"] / f"dir {len(payload)}"
+    workdir.mkdir(exist_ok=True)
+    name = payload.replace(
+        "\n", " "
+    )  # job names land on a directive line: newlines are refused (tested below)
+    p = make_plan(
+        profile,
+        nodes=2,
+        account="acct",
+        name=name,
+        env=(("PAYLOAD", payload),),
+        workdir=str(workdir),
+        command=("python3", "-c", "pass", payload, f"--opt={payload}", payload * 2),
+        **extra,
+    )
+    res, calls = run_script(box, render_plan(p))
+    assert res.returncode == 0, res.stderr
+    assert not canary.exists(), "injected command ran"
+    launcher = p.steps[0].argv[0]
+    launches = [c for c in calls if c["tool"] == launcher]
+    others = [c for c in calls if c["tool"] not in (launcher, "module")]
+    assert others == [], others
+    assert len(launches) == 1
+    (call,) = launches
+    assert call["argv"] == expected_launch(p.steps[0].argv, box)
+    tail = call["argv"][-3:]
+    assert tail == [payload, f"--opt={payload}", payload * 2]
+    assert call["env"]["PAYLOAD"] == payload
+    assert call["env"]["HPCRING_JOB_NAME"] == name
+    first_host = {"summit": "h1", "generic-lsf": "batch1"}.get(
+        profile, "node1"
+    )  # summit skips its launch node
+    assert call["env"]["MASTER_ADDR"] == first_host
+    assert call["cwd"] == str(workdir)
+    # The job name's directive line parses back (sbatch's quoting rules) to the name itself.
+    (line,) = [
+        ln for ln in render_plan(p).splitlines() if ln.startswith(("#SBATCH --job-name=", "#BSUB -J "))
+    ]
+    value = line.split("=", 1)[1] if line.startswith("#SBATCH") else line[len("#BSUB -J ") :]
+    assert shell.parse_directive_value(value) == name
+
+
+@pytest.mark.parametrize("payload", NASTY, ids=range(len(NASTY)))
+@pytest.mark.parametrize("profile", ["frontier", "summit", "generic-lsf"])
+def test_nasty_strings_reach_the_ranks_verbatim(profile: str, payload: str, sandbox: dict[str, Any]) -> None:
+    check(profile, payload, sandbox)
+
+
+@pytest.mark.parametrize("payload", ["$(touch {canary})", "a b;c", "x'y\"z\nw"])
+def test_container_paths_and_binds(payload: str, sandbox: dict[str, Any]) -> None:
+    payload = payload.replace("{canary}", str(sandbox["canary"]))
+    image = sandbox["tmp"] / f"img {payload.replace('/', '_')} $(touch canary).sif"
+    image.write_text("")
+    p = make_plan(
+        "frontier",
+        nodes=1,
+        account="a",
+        image=str(image),
+        binds=(f"/data/{payload}:/d",),
+        command=("python", payload),
+    )
+    res, calls = run_script(sandbox, render_plan(p))
+    assert res.returncode == 0, res.stderr
+    assert not sandbox["canary"].exists()
+    (call,) = [c for c in calls if c["tool"] == "srun"]
+    i = call["argv"].index("apptainer")
+    assert call["argv"][i:] == [
+        "apptainer",
+        "exec",
+        "--rocm",
+        "--bind",
+        "/lustre/orion",
+        "--bind",
+        f"/data/{payload}:/d",
+        str(image),
+        "python",
+        payload,
+    ]
+
+
+def test_missing_image_stops_before_any_launch(sandbox: dict[str, Any]) -> None:
+    p = make_plan("frontier", nodes=1, account="a", image=str(sandbox["tmp"] / "nope.sif"), command=("true",))
+    res, calls = run_script(sandbox, render_plan(p))
+    assert res.returncode == 2 and "container image not found" in res.stderr
+    assert [c for c in calls if c["tool"] == "srun"] == []
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    payload=st.text(
+        alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=30
+    )
+)
+def test_random_strings_round_trip(payload: str, sandbox: dict[str, Any]) -> None:
+    check("generic-slurm-gpu", payload, sandbox)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("name", "job\n#SBATCH --qos=vip"),
+        ("output", "out\n.log"),
+        ("error", "e\r"),
+        ("account", "a\nb"),
+        ("partition", "gpu\n"),
+    ],
+)
+@pytest.mark.parametrize("profile", ["generic-slurm-gpu", "generic-lsf"])
+def test_newline_in_directive_values_is_refused(profile: str, field: str, value: str) -> None:
+    job: dict[str, Any] = {"command": ("true",), field: value}
+    with pytest.raises(
+        ConfigError, match=r"contains a (newline|carriage return); it would end the #SBATCH/#BSUB"
+    ):
+        if field == "partition":
+            from hpcring.schedulers import plan
+
+            plan._check_values(
+                __import__("hpcring.schedulers.job", fromlist=["JobSpec"]).JobSpec(partition=value), None
+            )
+        else:
+            make_plan(profile, **job)
+
+
+def test_directive_quoting_round_trips_sbatch_rules() -> None:
+    for value in ["a b", 'q"uote', "back\\slash", "#hash", "it's", "%x-%j.out", "$(x)"]:
+        rendered = shell.directive_value(value)
+        assert shell.parse_directive_value(rendered) == value, (value, rendered)
