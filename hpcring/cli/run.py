@@ -64,7 +64,10 @@ def register(parser: argparse.ArgumentParser) -> None:
         help="testing aid: split the ranks into K contiguous pretend nodes (HPCRING_EMULATE_NODES)",
     )
     add(
-        "--no-prefix", action="store_true", default=_env_flag("HPCRING_NO_PREFIX"), help="(HPCRING_NO_PREFIX)"
+        "--no-prefix",
+        action="store_true",
+        default=_env_flag("HPCRING_NO_PREFIX"),
+        help="no [rank]<stream>: tags (HPCRING_NO_PREFIX)",
     )
     add(
         "--rsh-agent",

@@ -52,7 +52,8 @@ class Slurm(Scheduler):
         return out
 
     def master_addr(self, rm: RankMap) -> Raw:
-        return Raw('"$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"')
+        # sed reads all of its input: `head -n 1` could kill scontrol with SIGPIPE, failing under pipefail.
+        return Raw('"$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)"')
 
     def submit_argv(self) -> list[str]:
         return ["sbatch", "--parsable"]

@@ -21,6 +21,12 @@ _lock = threading.RLock()
 _engine: Engine | None = None
 _static_sets: list[ProcessSet] = []
 _dynamic_sets: dict[int, ProcessSet] = {}
+_generation = 0  # incremented by every init(): auto-generated names restart with a new engine
+
+
+def generation() -> int:
+    """Which init() the running engine came from."""
+    return _generation
 
 
 def _collective() -> Any:
@@ -53,7 +59,7 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet | Sequence[int]] | 
     `process_sets`: ProcessSet objects (or rank lists) registered now, on every rank, in this order;
     "dynamic" (Horovod's switch) is accepted: `add_process_set` always works here.
     """
-    global _engine
+    global _engine, _generation
     with _lock:
         if _engine is not None and _engine.running:
             return
@@ -74,6 +80,8 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet | Sequence[int]] | 
         for i, ps in enumerate(static, start=1):
             ps._register(i, ps.ranks, topo.rank)
         _static_sets[:] = static
+        _generation += 1
+        _barrier_counts.clear()
 
 
 def _shutdown_locked() -> None:

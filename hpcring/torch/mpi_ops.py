@@ -88,22 +88,18 @@ class _Pending:
 _handle_map: dict[int, _Pending] = {}
 _handle_ids = itertools.count(1)
 _names_lock = threading.Lock()
-_noname: dict[str, itertools.count[int]] = {}
+_noname: dict[tuple[int, int, str], itertools.count[int]] = {}
 
 
-def _name(prefix: str, name: str | None) -> str:
+def _name(prefix: str, name: str | None, process_set: ProcessSet | None = None) -> str:
+    """Horovod's naming: `<op>.<name>`, or `<op>.noname.<n>` counting per op kind and process set (so ops on
+    a set a rank is not in do not shift its numbering) and per init() (a re-initialised job starts at 0)."""
     if name is not None:
         return f"{prefix}.{name}"
+    key = (basics.generation(), basics._set_id(process_set), prefix)
     with _names_lock:
-        counter = _noname.setdefault(prefix, itertools.count())
+        counter = _noname.setdefault(key, itertools.count())
         return f"{prefix}.noname.{next(counter)}"
-
-
-def _reset_names() -> None:
-    """Forget auto-name counters (after shutdown, so a re-initialised job numbers from 0 on every rank)."""
-    with _names_lock:
-        _noname.clear()
-    _handle_map.clear()
 
 
 def _register(pending: _Pending) -> int:
@@ -267,7 +263,7 @@ def _allreduce_async(
     post = _check_scale(postscale_factor, what, "postscale_factor")
     src = _view(tensor)
     out = src if output is tensor else _view(output)
-    h = _submit(OpType.ALLREDUCE, _name("allreduce", name), tensor, process_set, output=out, src=src,
+    h = _submit(OpType.ALLREDUCE, _name("allreduce", name, process_set), tensor, process_set, output=out, src=src,
                 reduce_op=op_name, prescale=pre, postscale=post)
 
     def finish(_: list[Any]) -> Any:
@@ -351,9 +347,10 @@ def allreduce_(
     return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor, process_set))
 
 
-def _group_names(prefix: str, name: str | None, n: int) -> list[str | None]:
+def _group_names(prefix: str, name: str | None, n: int, process_set: ProcessSet | None) -> list[str | None]:
+    """`<name>.<i>` per member; unnamed groups get `grouped.noname.<k>.<i>`."""
     if name is None:
-        base = _name(f"grouped_{prefix}", None).removeprefix(f"grouped_{prefix}.")
+        base = _name(f"grouped_{prefix}", None, process_set).removeprefix(f"grouped_{prefix}.")
         return [f"grouped.{base}.{i}" for i in range(n)]
     return [f"{name}.{i}" for i in range(n)]
 
@@ -383,7 +380,7 @@ def grouped_allreduce_async(
 ) -> int:
     """allreduce_async of a list of tensors under one handle (fused together by the engine)."""
     op = handle_average_backwards_compatibility(op, average)
-    names = _group_names("allreduce", name, len(tensors))
+    names = _group_names("allreduce", name, len(tensors), process_set)
     return _submit_group(lambda: [allreduce_async(t, None, n, op, prescale_factor, postscale_factor, process_set)
                      for t, n in zip(tensors, names, strict=True)])
 
@@ -399,7 +396,7 @@ def grouped_allreduce_async_(
 ) -> int:
     """In-place grouped_allreduce_async."""
     op = handle_average_backwards_compatibility(op, average)
-    names = _group_names("allreduce", name, len(tensors))
+    names = _group_names("allreduce", name, len(tensors), process_set)
     return _submit_group(lambda: [allreduce_async_(t, None, n, op, prescale_factor, postscale_factor, process_set)
                      for t, n in zip(tensors, names, strict=True)])
 
@@ -485,7 +482,7 @@ def allgather_async(tensor: Any, name: str | None = None, process_set: ProcessSe
     if tensor.dim() == 0:
         raise ValueError(f"{what}: the tensor needs at least one dimension (got a scalar)")
     src = _view(tensor)
-    h = _submit(OpType.ALLGATHER, _name("allgather", name), tensor, process_set, src=src)
+    h = _submit(OpType.ALLGATHER, _name("allgather", name, process_set), tensor, process_set, src=src)
     return _register(_Pending([h], lambda r: _tensor_of(r[0], tensor), [tensor, src]))
 
 
@@ -515,7 +512,7 @@ def grouped_allgather_async(
     tensors: Sequence[Any], name: str | None = None, process_set: ProcessSet = global_process_set
 ) -> int:
     """allgather_async of a list of tensors under one handle."""
-    names = _group_names("allgather", name, len(tensors))
+    names = _group_names("allgather", name, len(tensors), process_set)
     return _submit_group(lambda: [allgather_async(t, n, process_set) for t, n in zip(tensors, names, strict=True)])
 
 
@@ -564,7 +561,7 @@ def _broadcast_async(tensor: Any, output: Any, root_rank: int, name: str | None,
     out = _view(output)
     if output is not tensor:
         out.tensor.copy_(tensor.detach())
-    h = _submit(OpType.BROADCAST, _name("broadcast", name), tensor, process_set, src=out, output=out, root=root)
+    h = _submit(OpType.BROADCAST, _name("broadcast", name, process_set), tensor, process_set, src=out, output=out, root=root)
 
     def finish(_: list[Any]) -> Any:
         if not _shares(out, output):
@@ -660,7 +657,7 @@ def alltoall_async(
     n = basics.size() if process_set is None or not process_set.process_set_id else (process_set.size() or 0)
     split_arr = _splits(splits, int(tensor.shape[0]), n, what)
     src = _view(tensor)
-    h = _submit(OpType.ALLTOALL, _name("alltoall", name), tensor, process_set, src=src, splits=split_arr)
+    h = _submit(OpType.ALLTOALL, _name("alltoall", name, process_set), tensor, process_set, src=src, splits=split_arr)
 
     def finish(results: list[Any]) -> Any:
         out, received = results[0]
@@ -712,7 +709,7 @@ def _reducescatter_async(
         raise ValueError(f"{what}: the tensor needs at least one dimension (got a scalar)")
     dtypes.check_op(dtype, op, what)
     src = _view(tensor)
-    h = _submit(OpType.REDUCESCATTER, _name(prefix, name), tensor, process_set, src=src, reduce_op=_OPS[op],
+    h = _submit(OpType.REDUCESCATTER, _name(prefix, name, process_set), tensor, process_set, src=src, reduce_op=_OPS[op],
                 prescale=_check_scale(pre, what, "prescale_factor"), postscale=_check_scale(post, what, "postscale_factor"))
     return _register(_Pending([h], lambda r: _tensor_of(r[0], tensor), [tensor, src]))
 
@@ -777,7 +774,7 @@ def grouped_reducescatter_async(
     postscale_factor: float = 1.0,
 ) -> int:
     """reducescatter_async of a list of tensors under one handle."""
-    names = _group_names("reducescatter", name, len(tensors))
+    names = _group_names("reducescatter", name, len(tensors), process_set)
     return _submit_group(lambda: [reducescatter_async(t, n, op, process_set, prescale_factor, postscale_factor)
                      for t, n in zip(tensors, names, strict=True)])
 

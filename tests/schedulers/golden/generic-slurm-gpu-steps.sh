@@ -19,7 +19,7 @@ set -euo pipefail
 NCCL_IB_DISABLE=0
 NCCL_IB_HCA=mlx5_0,mlx5_1,mlx5_2,mlx5_3
 UCX_NET_DEVICES=mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1
-MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"
+MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)"
 MASTER_PORT=29500
 HPCRING_JOB_NAME='prep and train'
 HPCRING_PROFILE=generic-slurm-gpu

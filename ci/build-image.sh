@@ -1,0 +1,158 @@
+#!/usr/bin/env bash
+# Build containers/Dockerfile.cpu with podman and run a 2-rank allreduce inside the image.
+#
+#   ci/build-image.sh build     install podman if missing, make the base image, build localhost/hpcring:cpu
+#   ci/build-image.sh smoke     run `hpcring run -np 2` with an allreduce check inside the image (no network)
+#   ci/build-image.sh all       build + smoke (default)
+#   ci/build-image.sh reset     delete the podman storage this script uses
+#
+# Made for CI machines without a Docker engine or registry access (root, Debian, network only to the Debian
+# mirror and PyPI): the base image is bootstrapped from the Debian mirror (debootstrap, same bookworm and
+# python3 3.11 as debian:bookworm-slim) and passed in with --build-arg BASE; pip inside the build uses the host's
+# pip configuration (its local wheel directories and indexes are mounted read-only, its CA bundle too, for
+# TLS-intercepting proxies). Nothing is baked into the image that the build did not install.
+#
+# Environment:
+#   HPCRING_PODMAN_DIR   podman storage + config (default /var/tmp/hpcring-podman; `reset` deletes it)
+#   HPCRING_IMAGE        image tag (default localhost/hpcring:cpu)
+#   HPCRING_DEBIAN_MIRROR  debootstrap mirror (default: the first URI in /etc/apt/sources.list.d/debian.sources)
+#   HPCRING_IMAGE_TORCH_INDEX  extra index for torch (default: the Dockerfile's, or the host's first local index)
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+DIR=${HPCRING_PODMAN_DIR:-/var/tmp/hpcring-podman}
+IMAGE=${HPCRING_IMAGE:-localhost/hpcring:cpu}
+BASE=localhost/debian:bookworm
+PY=${PYTHON:-.venv/bin/python}
+[ -x "$PY" ] || PY=python3
+
+log() { printf '[build-image %(%T)T] %s\n' -1 "$*" >&2; }
+
+# podman with storage under $DIR. Only --root/--runroot: naming a storage driver explicitly makes every
+# `podman run` wait 20 s for conmon on this kind of host. runc, not crun: crun refuses hybrid cgroup v1/v2 hosts;
+# rlimits at or below the caller's hard limits (root here lacks CAP_SYS_RESOURCE).
+pm() { CONTAINERS_CONF="$DIR/containers.conf" podman --root "$DIR/storage" --runroot "$DIR/runroot" "$@"; }
+
+setup() {
+  if [ "$(id -u)" != 0 ]; then
+    echo "$0: needs root (apt-get, rootful podman); uid is $(id -u)" >&2
+    exit 1
+  fi
+  local missing=()
+  for tool in podman runc debootstrap; do command -v "$tool" >/dev/null || missing+=("$tool"); done
+  if [ ${#missing[@]} -gt 0 ]; then
+    log "apt-get install ${missing[*]}"
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends podman runc debootstrap \
+      uidmap fuse-overlayfs >/dev/null
+  fi
+  mkdir -p "$DIR"
+  local nofile
+  nofile=$(ulimit -Hn)
+  [ "$nofile" = unlimited ] && nofile=65536
+  [ "$nofile" -gt 65536 ] && nofile=65536
+  cat >"$DIR/containers.conf" <<EOF
+# written by ci/build-image.sh
+[containers]
+default_ulimits = ["nofile=${nofile}:${nofile}", "nproc=32768:32768"]
+[engine]
+runtime = "runc"
+cgroup_manager = "cgroupfs"
+EOF
+}
+
+mirror() {
+  if [ -n "${HPCRING_DEBIAN_MIRROR:-}" ]; then
+    echo "$HPCRING_DEBIAN_MIRROR"
+    return
+  fi
+  local uri
+  uri=$(awk '/^URIs:/ {print $2; exit}' /etc/apt/sources.list.d/debian.sources 2>/dev/null || true)
+  echo "${uri:-http://deb.debian.org/debian}"
+}
+
+base_image() {
+  if pm image exists "$BASE"; then
+    log "base $BASE present"
+    return
+  fi
+  local rootfs="$DIR/rootfs"
+  rm -rf "$rootfs"
+  log "debootstrap bookworm from $(mirror)"
+  debootstrap --variant=minbase bookworm "$rootfs" "$(mirror)" >"$DIR/debootstrap.log" 2>&1 ||
+    { tail -20 "$DIR/debootstrap.log" >&2; exit 1; }
+  tar -C "$rootfs" -c . | pm import - "$BASE" >/dev/null
+  rm -rf "$rootfs"
+}
+
+# pip options and read-only mounts that give the build the host's pip sources (local wheel dirs, file://
+# indexes, the CA bundle). Printed as NUL-separated words: --opt value ... then a lone "--" then mounts.
+pip_sources() {
+  "$PY" - <<'EOF'
+import os, subprocess, sys
+out = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True).stdout
+conf = {}
+for line in out.splitlines():
+    key, _, value = line.partition("=")
+    conf[key.split(".", 1)[-1]] = value.strip().strip("'")
+args, mounts = [], set()
+def local(path):
+    path = path[len("file://"):] if path.startswith("file://") else path
+    if os.path.isabs(path) and os.path.exists(path):
+        mounts.add(path.rstrip("/").rsplit("/simple", 1)[0] if path.rstrip("/").endswith("/simple") else path)
+        return True
+    return False
+for key, opt in (("index-url", "--index-url"), ("extra-index-url", "--extra-index-url"), ("find-links", "--find-links")):
+    for value in conf.get(key, "").split():
+        if value.startswith("http") or local(value):
+            args += [opt, value]
+if conf.get("cert") and os.path.exists(conf["cert"]):
+    args += ["--cert", "/run/host-ca.crt"]
+    mounts.add(conf["cert"] + ":/run/host-ca.crt")
+print(" ".join(args))
+for m in sorted(mounts):
+    print(m if ":" in m else f"{m}:{m}")
+EOF
+}
+
+build() {
+  setup
+  base_image
+  local sources pip_args torch_index
+  sources=$(pip_sources)
+  pip_args=$(head -1 <<<"$sources")
+  local vols=()
+  while read -r m; do [ -n "$m" ] && vols+=(-v "$m:ro"); done < <(tail -n +2 <<<"$sources")
+  # A local index that serves torch keeps pip away from download.pytorch.org (unreachable on CI).
+  torch_index=${HPCRING_IMAGE_TORCH_INDEX:-$(grep -o 'file://[^ ]*' <<<"$pip_args" | head -1 || true)}
+  local targs=()
+  [ -n "$torch_index" ] && targs=(--build-arg "TORCH_INDEX=$torch_index")
+  log "podman build $IMAGE (pip: ${pip_args:-defaults})"
+  local t0=$SECONDS
+  pm build --network host "${vols[@]}" --build-arg "BASE=$BASE" --build-arg "HPCRING_PIP_ARGS=$pip_args" \
+    "${targs[@]}" --ignorefile containers/.dockerignore -f containers/Dockerfile.cpu -t "$IMAGE" .
+  log "built $IMAGE in $((SECONDS - t0)) s: $(pm image inspect --format '{{.Size}}' "$IMAGE" | numfmt --to=iec) "
+}
+
+smoke() {
+  setup
+  local t0=$SECONDS
+  # 2 ranks, no network: Open MPI wires up over loopback and shared memory, as on one node.
+  pm run --rm --network none "$IMAGE" hpcring run -np 2 -- python -c '
+import numpy as np, hpcring
+hpcring.init()
+x = hpcring.allreduce(np.full(1000, hpcring.rank() + 1.0), algorithm="ring")
+assert (x == 3.0).all(), x[:4]
+print(f"rank {hpcring.rank()}/{hpcring.size()} allreduce ok in the image", flush=True)
+'
+  log "smoke run in $((SECONDS - t0)) s"
+}
+
+case "${1:-all}" in
+  build) build ;;
+  smoke) smoke ;;
+  all) build; smoke ;;
+  reset)
+    if [ -d "$DIR" ]; then pm system reset -f >/dev/null 2>&1 || true; rm -rf "$DIR"; fi ;;
+  *) echo "usage: $0 [build|smoke|all|reset]" >&2; exit 2 ;;
+esac

@@ -1,0 +1,69 @@
+"""Benchmark helpers: size parsing, sweep, exact check pattern, table, JSON and plot output."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hpcring.bench import allreduce as bench
+from hpcring.errors import ConfigError
+
+
+def test_parse_size_and_sweep() -> None:
+    assert bench.parse_size("8") == 8
+    assert bench.parse_size("64K") == 65536
+    assert bench.parse_size("256M") == 256 << 20
+    assert bench.parse_size("1g") == 1 << 30
+    with pytest.raises(ConfigError, match="K, M or G"):
+        bench.parse_size("12X")
+    assert bench.sweep(8, 64, 2) == [8, 16, 32, 64]
+    assert bench.sweep(8, 100, 4) == [8, 32]
+    with pytest.raises(ConfigError):
+        bench.sweep(8, 64, 1)
+
+
+def test_parse_list_checks_choices() -> None:
+    assert bench.parse_list("native, ring", bench.algorithm_choices(), "algorithm") == ["native", "ring"]
+    with pytest.raises(ConfigError, match="allowed \\(comma-separated\\): 'auto', 'native'"):
+        bench.parse_list("tree", bench.algorithm_choices(), "algorithm")
+
+
+@pytest.mark.parametrize("name", ["int8", "bfloat16", "float16", "float32", "int64"])
+@pytest.mark.parametrize("n", [1, 2, 5, 16])
+def test_check_pattern_sums_exactly(name: str, n: int) -> None:
+    dt = bench.numpy_dtype(name)
+    total = np.sum([bench.pattern(1000, r, dt).astype(np.float64) for r in range(n)], axis=0)
+    np.testing.assert_array_equal(total, bench.expected(1000, n, dt).astype(np.float64))
+
+
+def test_bus_factor() -> None:
+    assert bench.bus_factor(1) == 1.0
+    assert bench.bus_factor(2) == 1.0
+    assert bench.bus_factor(4) == 1.5
+
+
+ROWS = [
+    bench.Row(1024, 256, "float32", "mpi4py-raw", 10.0, 0.1, 0.15, 0),
+    bench.Row(1024, 256, "float32", "ring", 12.5, 0.08, 0.12, 0),
+    bench.Row(2048, 512, "float32", "ring", 20.0, 0.1, 0.15, 0),
+]
+
+
+def test_table_and_json(tmp_path: Path) -> None:
+    table = bench.format_table(ROWS).splitlines()
+    assert table[0].startswith("#") and "busbw(GB/s)" in table[0] and "#wrong" in table[0]
+    assert table[1].split() == ["1024", "256", "float32", "mpi4py-raw", "10.0", "0.100", "0.150", "0"]
+    out = tmp_path / "r.json"
+    bench.write_json(out, ROWS, {"ranks": 4})
+    data = json.loads(out.read_text())
+    assert data["ranks"] == 4 and data["results"][1]["algorithm"] == "ring"
+
+
+def test_plot_writes_png(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "busbw.png"
+    bench.plot(out, ROWS, "test")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

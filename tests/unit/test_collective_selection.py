@@ -1,0 +1,58 @@
+"""Algorithm choice: keyword, environment, the documented `auto` rule, and the ring chunk knob."""
+
+from __future__ import annotations
+
+import pytest
+
+from hpcring.collective import selection
+from hpcring.collective.selection import choose_algorithm, resolve_algorithm
+from hpcring.errors import ConfigError
+
+
+def test_resolve_keyword_env_and_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(selection.ALGORITHM_ENV, raising=False)
+    assert resolve_algorithm(None) == "auto"
+    assert resolve_algorithm("Ring") == "ring"
+    monkeypatch.setenv(selection.ALGORITHM_ENV, "hierarchical")
+    assert resolve_algorithm(None) == "hierarchical"
+    assert resolve_algorithm("native") == "native"  # the keyword wins over the environment
+
+
+def test_unknown_algorithm_names_source_and_choices(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(
+        ConfigError, match="'tree' \\(from algorithm\\); allowed: 'auto', 'native', 'ring' or"
+    ):
+        resolve_algorithm("tree")
+    monkeypatch.setenv(selection.ALGORITHM_ENV, "tree")
+    with pytest.raises(ConfigError, match="from HPCRING_ALLREDUCE_ALGORITHM"):
+        resolve_algorithm(None)
+
+
+def test_auto_rule_one_node() -> None:
+    for nbytes in (8, 1 << 20, 1 << 30):
+        assert choose_algorithm(nbytes, native_exact=True, local_size=4, cross_size=1) == "native"
+
+
+def test_auto_rule_half_precision_switches_to_ring_when_big() -> None:
+    small = selection.HALF_RING_MIN_BYTES - 2
+    assert choose_algorithm(small, native_exact=False, local_size=4, cross_size=1) == "native"
+    big = selection.HALF_RING_MIN_BYTES
+    assert choose_algorithm(big, native_exact=False, local_size=4, cross_size=1) == "ring"
+
+
+def test_auto_rule_several_nodes() -> None:
+    t = selection.HIERARCHICAL_MIN_BYTES
+    assert choose_algorithm(t, native_exact=True, local_size=2, cross_size=2) == "hierarchical"
+    assert choose_algorithm(t - 1, native_exact=True, local_size=2, cross_size=2) == "native"
+    # one rank per node: nothing to gain from a node-local stage
+    assert choose_algorithm(t, native_exact=True, local_size=1, cross_size=4) == "native"
+
+
+def test_chunk_bytes_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(selection.CHUNK_ENV, raising=False)
+    assert selection.chunk_bytes(123) == 123
+    monkeypatch.setenv(selection.CHUNK_ENV, "4096")
+    assert selection.chunk_bytes(123) == 4096
+    monkeypatch.setenv(selection.CHUNK_ENV, "-1")
+    with pytest.raises(ConfigError, match="positive number of bytes"):
+        selection.chunk_bytes(123)
