@@ -129,7 +129,8 @@ build() {
   [ -n "$torch_index" ] && targs=(--build-arg "TORCH_INDEX=$torch_index")
   log "podman build $IMAGE (pip: ${pip_args:-defaults})"
   local t0=$SECONDS
-  pm build --network host "${vols[@]}" --build-arg "BASE=$BASE" --build-arg "HPCRING_PIP_ARGS=$pip_args" \
+  # docker format: OCI image config has no SHELL, and podman would drop ours (pipefail).
+  pm build --format docker --network host "${vols[@]}" --build-arg "BASE=$BASE" --build-arg "HPCRING_PIP_ARGS=$pip_args" \
     "${targs[@]}" --ignorefile containers/.dockerignore -f containers/Dockerfile.cpu -t "$IMAGE" .
   log "built $IMAGE in $((SECONDS - t0)) s: $(pm image inspect --format '{{.Size}}' "$IMAGE" | numfmt --to=iec) "
 }

@@ -1,9 +1,9 @@
 """Runtime settings of the engine, read from the environment in one place.
 
 Every setting has an `HPCRING_*` variable (what `hpcring run` exports from its flags) and, for users migrating
-from Horovod, the matching `HOROVOD_*` name as an alias; when both are set the `HPCRING_*` one wins. A bad value
-is a ConfigError naming the variable, the value and what is allowed, raised at `init()` rather than deep in a
-background thread.
+from Horovod, the matching `HOROVOD_*` name as an alias; when both are set the `HPCRING_*` one wins. A bad
+value is a ConfigError naming the variable, the value and what is allowed, raised at `init()` rather than deep
+in a background thread.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ _FALSE = ("0", "false", "no", "off", "")
 
 @dataclass(frozen=True)
 class EngineSettings:
-    """What the background engine needs to know; frozen so a running engine never sees a half-changed value."""
+    """What the background engine needs; frozen so a running engine never sees a half-changed value."""
 
     fusion_threshold: int = (
         DEFAULT_FUSION_THRESHOLD  # bytes packed into one fused collective; 0 disables fusion
@@ -69,7 +69,8 @@ def parse_bytes(var: str, text: str) -> int:
     m = re.fullmatch(r"(\d+)\s*([a-zA-Z]*)", text)
     if not m or m.group(2).lower() not in _SIZE_SUFFIX:
         raise ConfigError(
-            f"{var}={text!r} is not a byte count; use an integer number of bytes (e.g. 67108864) or a size like '64MiB'"
+            f"{var}={text!r} is not a byte count; use an integer number of bytes (e.g. 67108864) "
+            "or a size like '64MiB'"
         )
     return int(m.group(1)) * _SIZE_SUFFIX[m.group(2).lower()]
 

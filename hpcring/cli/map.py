@@ -4,7 +4,6 @@ flags."""
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
@@ -47,8 +46,7 @@ def main(args: argparse.Namespace) -> int:
     if args.format == "table":
         out.write(table(rm))
     elif args.format == "json":
-        records = (json.dumps(r.as_dict()) for r in rm.ranks())
-        out.write("[\n" + ",\n".join(records) + "\n]\n")
+        out.write("[\n" + ",\n".join(rm.json_lines()) + "\n]\n")
     elif args.format == "erf":
         out.write(plan.launcher("jsrun").map_text(rm, {}))
         print("# launch with: jsrun --erf_input FILE.erf COMMAND", file=sys.stderr)

@@ -2,8 +2,7 @@
 
 Each call (1) looks at the input through a zero-copy numpy view, (2) checks its own arguments, (3) unless
 `validate=False` agrees a small signature with the other ranks (see validate.py), then (4) runs an algorithm
-on
-flat 1-D views. Results come back in the caller's kind: numpy in, numpy out; tensor in, tensor out.
+on flat 1-D views. Results come back in the caller's kind: numpy in, numpy out; tensor in, tensor out.
 """
 
 from __future__ import annotations
@@ -15,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from hpcring.collective import dtypes, runtime
+from hpcring.collective import dtypes, runtime, selection
 from hpcring.collective.algorithms.chunks import offsets, part_sizes
 from hpcring.collective.algorithms.hierarchical import hierarchical_allreduce
 from hpcring.collective.algorithms.native import native_allreduce
@@ -52,8 +51,7 @@ def _flat(arr: NDArray) -> NDArray:
 
 
 def run_allreduce(topo: Topology, src: NDArray, dst: NDArray, op: ReduceOp, algorithm: str) -> str:
-    """Run one resolved algorithm on flat views (no validation; dst may be src). Returns the algorithm
-    used."""
+    """Run one algorithm on flat views (no validation; dst may be src); returns the one used after `auto`."""
     if algorithm == "auto":
         algorithm = choose_algorithm(
             src.nbytes,
@@ -279,7 +277,7 @@ def reducescatter(
     counts = [r * row_elems for r in part_sizes(rows, t.size)]
     result = np.empty((part_sizes(rows, t.size)[t.rank], *trailing), dtype=buf.array.dtype)
     src, dst = _flat(buf.array), _flat(result)
-    if t.can_reduce(src.dtype, rop):
+    if t.can_reduce(src.dtype, rop) and src.nbytes < selection.NATIVE_REDUCE_SCATTER_MAX_BYTES:
         t.reduce_scatter(src, dst, counts, rop)
     else:
         ring_reduce_scatter(t, src, dst, offsets(counts), rop, chunk_bytes(DEFAULT_CHUNK_BYTES))

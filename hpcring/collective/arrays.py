@@ -2,8 +2,7 @@
 
 A torch tensor is looked at through `Tensor.numpy()` (shared memory, so writes through the view land in the
 tensor); bfloat16, which numpy lacks, is viewed as int16 and reinterpreted as ml_dtypes' bfloat16. torch is
-never
-imported here: a tensor can only exist if the caller already imported torch, so `sys.modules` is enough.
+never imported here: a tensor can only exist if the caller already imported torch, so `sys.modules` is enough.
 Non-contiguous inputs are copied into a contiguous buffer and, for in-place operations, copied back.
 """
 

@@ -34,8 +34,7 @@ FLOATS = frozenset({"float16", "bfloat16", "float32", "float64"})
 INTEGERS = frozenset({"uint8", "int8", "int16", "int32", "int64"})
 
 # Reductions that mean something per dtype. On bool, MIN and MAX are logical AND and OR; a bool SUM, AVERAGE
-# or
-# PRODUCT has no single obvious meaning, so it is refused rather than guessed.
+# or PRODUCT has no single obvious meaning, so it is refused rather than guessed.
 _BOOL_OPS = frozenset({ReduceOp.MIN, ReduceOp.MAX})
 
 _WIRE = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
@@ -89,8 +88,7 @@ def scale(buf: np.ndarray[Any, Any], factor: float) -> None:
     """Multiply `buf` by `factor` in place, with one rounding per element.
 
     16-bit floats are scaled in float32 (a float16 factor such as 1/3 would add its own rounding error);
-    integer
-    buffers are scaled in float64 and truncated toward zero, as Horovod does, so AVERAGE of ints is
+    integer buffers are scaled in float64 and truncated toward zero, as Horovod does, so AVERAGE of ints is
     `trunc(sum/n)`.
     """
     if factor == 1.0 or buf.size == 0:

@@ -1,13 +1,10 @@
 """Who is where: the world, node-local and cross-node views of one group of ranks.
 
 A Topology owns duplicates of every communicator it uses, never the user's: our point-to-point ring traffic
-and
-a user's own MPI calls then cannot match each other's messages. Nodes are found with MPI's shared-memory
-split;
-for tests on one machine `HPCRING_EMULATE_NODES=K` instead cuts the ranks into K contiguous blocks (rank r on
-node r*K//size), which exercises every inter-node code path without a cluster. Node numbers are ordered by
-their
-lowest rank, so a subset (process set) keeps the node assignment of its parent.
+and a user's own MPI calls then cannot match each other's messages. Nodes are found with MPI's shared-memory
+split; for tests on one machine `HPCRING_EMULATE_NODES=K` instead cuts the ranks into K contiguous blocks
+(rank r on node r*K//size), which exercises every inter-node code path without a cluster. Node numbers are
+ordered by their lowest rank, so a subset (process set) keeps the node assignment of its parent.
 """
 
 from __future__ import annotations
@@ -66,8 +63,7 @@ class Topology:
     """Immutable view of one group of ranks: world, local (same node) and cross (same local rank) groups."""
 
     def __init__(self, comm: Any, nodes: Sequence[int], backend: str = "mpi") -> None:
-        """Build from an intracomm this object now owns and the node of every rank (same list on every
-        rank)."""
+        """Build from an intracomm this object now owns, and every rank's node (the same list everywhere)."""
         self.comm = comm
         self.backend = backend
         self.rank: int = comm.Get_rank()
@@ -92,8 +88,7 @@ class Topology:
         """Cross-node groups per owned shard for the hierarchical allreduce (see hierarchical.py).
 
         Equal nodes reuse the cross communicator; unequal nodes need one split per shard, made here, eagerly
-        and
-        collectively, so no collective operation ever has to create communicators halfway through.
+        and collectively, so no collective operation ever has to create communicators halfway through.
         """
         shards = max(self.node_sizes)
         owned = owned_shards(self.local_rank, shards, self.local_size)

@@ -14,13 +14,14 @@ reserved cores are never used; ranks are numbered contiguously per node (block d
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from hpcring.errors import ConfigError, JobShapeError, choices
 from hpcring.schedulers import walltime
 from hpcring.schedulers.job import JobSpec
-from hpcring.schedulers.model import Node, Partition, Profile
+from hpcring.schedulers.model import Node, NumaDomain, Partition, Profile
 
 
 @dataclass(frozen=True)
@@ -119,12 +120,35 @@ class RankMap:
     def as_json_list(self) -> list[dict[str, object]]:
         return [r.as_dict() for r in self.ranks()]
 
+    def json_lines(self) -> Iterator[str]:
+        """Each rank's JSON record (as `Rank.as_dict`), serialised once per slot and reused on every node."""
+        tails = [
+            [
+                json.dumps(
+                    {"local_rank": s.local_rank, "gpus": list(s.gpus), "cpus": list(s.cpus), "nic": s.nic}
+                )[1:]
+                for s in layout
+            ]
+            for layout in self.layouts
+        ]
+        rank = 0
+        for node in range(self.shape.nodes):
+            layout = tails[0] if self.shape.even or node < self.shape.extra_nodes else tails[1]
+            for tail in layout:
+                yield f'{{"rank": {rank}, "node": {node}, {tail}'
+                rank += 1
+
+
+def usable_domains(node: Node) -> list[NumaDomain]:
+    """NUMA domains with at least one usable core (CPU-only ranks are spread over these)."""
+    return [d for d in node.numa if set(d.cores) - node.reserved_cores]
+
 
 def default_ranks_per_node(node: Node, gpus_per_rank: int) -> int:
-    """One rank per GPU (per `gpus_per_rank` GPUs); CPU-only: one per NUMA domain."""
+    """One rank per GPU (per `gpus_per_rank` GPUs); CPU-only: one per NUMA domain with usable cores."""
     if gpus_per_rank > 0:
         return max(1, len(node.gpus) // gpus_per_rank)
-    return len(node.numa)
+    return len(usable_domains(node))
 
 
 def _split_ranks(profile: Profile, job: JobSpec) -> tuple[tuple[int, ...], int]:
@@ -228,6 +252,7 @@ def _preferences(
     only."""
     usable = set(node.usable_cores)
     doms = {d.id: d for d in node.numa}
+    cpu_domains = usable_domains(node)
     out = []
     for i in range(rpn):
         if gpr > 0:
@@ -236,7 +261,7 @@ def _preferences(
             near = sorted({c for g in gpus for c in doms[node.gpus[g].numa].cores} & usable)
         else:
             gpus = ()
-            dom = node.numa[i * len(node.numa) // rpn]
+            dom = cpu_domains[i * len(cpu_domains) // rpn]
             pref = near = sorted(set(dom.cores) & usable)
         out.append((gpus, tuple(pref), tuple(near)))
     return out

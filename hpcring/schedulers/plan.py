@@ -183,6 +183,8 @@ def _env(rm: RankMap, job: JobSpec, sched: Scheduler) -> list[tuple[str, str]]:
     env += list(job.env)
     merged: dict[str, str] = {}
     for k, v in env:
+        if not k.isidentifier() or not k.isascii():
+            raise ConfigError(f"environment variable name {k!r} is not valid; use letters, digits and '_'")
         merged.pop(k, None)  # later wins, and takes the later position
         merged[k] = v
     return list(merged.items())

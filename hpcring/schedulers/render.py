@@ -38,6 +38,11 @@ def _directive(d: Directive) -> str:
     return f"{d.flag}{d.sep}{shell.directive_value(d.value)}"
 
 
+def _comment(value: object) -> str:
+    """Text for a `#` comment line: line breaks become spaces, so a value can never leave its comment."""
+    return " ".join(str(value).splitlines())
+
+
 def _heredoc(content: str) -> str:
     if any(line == _HEREDOC for line in content.splitlines()):
         raise HpcringError("inline file content contains the here-document delimiter")
@@ -58,6 +63,7 @@ def environment() -> jinja2.Environment:
     env.filters["shjoin"] = shell.join
     env.filters["directive"] = _directive
     env.filters["heredoc"] = _heredoc
+    env.filters["comment"] = _comment
     env.globals["HEREDOC"] = _HEREDOC
     return env
 

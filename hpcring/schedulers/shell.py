@@ -46,7 +46,8 @@ _LINE_BREAKS = {
 
 
 def check_line_safe(value: str, what: str) -> str:
-    """Refuse characters that would end a directive line (and NUL, which no file name or argument can hold)."""
+    """Refuse characters that would end a directive line (and NUL, which no file name or argument can
+    hold)."""
     for ch, name in _LINE_BREAKS.items():
         if ch in value:
             raise ConfigError(

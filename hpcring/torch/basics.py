@@ -1,7 +1,7 @@
 """Lifecycle and introspection of `hpcring.torch`: init/shutdown, ranks, build flags, process sets, timeline.
 
-Mirrors `horovod.torch`'s basics. `init()` starts the collective layer (which duplicates the communicator, so a
-user's own mpi4py calls on COMM_WORLD stay independent of ours) and one background engine; it is idempotent,
+Mirrors `horovod.torch`'s basics. `init()` starts the collective layer (which duplicates the communicator, so
+a user's own mpi4py calls on COMM_WORLD stay independent of ours) and one background engine; it is idempotent,
 and `init()` after `shutdown()` starts afresh. The `*_built()` functions answer before `init()`.
 """
 
@@ -47,7 +47,7 @@ def _as_process_set(item: ProcessSet | Sequence[int]) -> ProcessSet:
     if isinstance(item, ProcessSet):
         if item.mpi_comm is not None:
             raise ConfigError(
-                "ProcessSet built from an mpi4py communicator is not supported; pass its list of ranks instead"
+                "ProcessSet built from an mpi4py communicator is not supported; pass its list of ranks"
             )
         return item
     return ProcessSet(list(item))
@@ -68,7 +68,9 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet | Sequence[int]] | 
         settings = engine_settings()
         sets = [] if process_sets is None or isinstance(process_sets, str) else list(process_sets)
         if isinstance(process_sets, str) and process_sets != "dynamic":
-            raise ConfigError(f"init(process_sets={process_sets!r}): use a list of ProcessSet objects or 'dynamic'")
+            raise ConfigError(
+                f"init(process_sets={process_sets!r}): use a list of ProcessSet objects or 'dynamic'"
+            )
         static = [_as_process_set(s) for s in sets]
         topo = _collective().init(comm)
         try:
@@ -99,7 +101,7 @@ def _shutdown_locked() -> None:
 
 
 def shutdown() -> None:
-    """Stop the engine (pending operations on every rank fail with HorovodInternalError) and free our comms."""
+    """Stop the engine (pending ops on every rank fail with HorovodInternalError) and free our comms."""
     with _lock:
         _shutdown_locked()
 
@@ -178,7 +180,11 @@ def gloo_enabled() -> bool:
 def nccl_built() -> bool:
     """torch's NCCL backend is available (GPU tensors then move through NCCL inside a node)."""
     torch = _deps.torch()
-    return bool(torch.cuda.is_available() and torch.distributed.is_available() and torch.distributed.is_nccl_available())
+    return bool(
+        torch.cuda.is_available()
+        and torch.distributed.is_available()
+        and torch.distributed.is_nccl_available()
+    )
 
 
 def ccl_built() -> bool:
@@ -208,7 +214,7 @@ def _control(op_type: OpType, name: str, extra: tuple[int, ...] = ()) -> Any:
 
 
 def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
-    """Register a process set at run time; every rank must call this, with the same ranks, in the same order."""
+    """Register a process set at run time; every rank calls this, with the same ranks, in the same order."""
     ps = _as_process_set(process_set)
     if ps.process_set_id is not None:
         raise ValueError(f"{ps} is already registered")
@@ -239,7 +245,7 @@ def remove_process_set(process_set: ProcessSet) -> bool:
 def join(device: int = -1) -> int:
     """Signal that this rank has no more data; until every rank joined, its allreduces contribute zeros.
 
-    Returns the rank that joined last (the same on every rank). `device` is accepted for Horovod compatibility.
+    Returns the rank that joined last (the same on every rank). `device` is accepted for compatibility.
     """
     del device
     return int(_control(OpType.JOIN, "join"))
@@ -266,12 +272,14 @@ def _set_id(process_set: ProcessSet | None) -> int:
     if not isinstance(ps, ProcessSet):
         raise ValueError(f"process_set must be a ProcessSet, got {type(ps).__name__}")
     if ps.process_set_id is None:
-        raise ValueError(f"{ps} is not registered: pass it to hvd.init(process_sets=...) or hvd.add_process_set()")
+        raise ValueError(
+            f"{ps} is not registered: pass it to hvd.init(process_sets=...) or hvd.add_process_set()"
+        )
     return ps.process_set_id
 
 
 def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
-    """Start recording a Chrome-trace timeline to `file_path` (written by rank 0; "{rank}" makes one per rank)."""
+    """Record a Chrome-trace timeline to `file_path` (written by rank 0; "{rank}" makes one per rank)."""
     engine().start_timeline(file_path, mark_cycles)
 
 

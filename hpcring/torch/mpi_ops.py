@@ -2,8 +2,8 @@
 
 Each `*_async` call checks its arguments synchronously (what Horovod raises at call time stays synchronous:
 ValueError), turns the tensor into a zero-copy numpy view (GPU or non-contiguous tensors are staged through a
-contiguous CPU copy) and submits a named request to the engine. The returned int handle works with `poll()` and
-`synchronize()`; errors found by negotiation (mismatched shapes, dtypes, ops... across ranks) surface from
+contiguous CPU copy) and submits a named request to the engine. The returned int handle works with `poll()`
+and `synchronize()`; errors found by negotiation (mismatched shapes, dtypes, ops... across ranks) surface from
 `synchronize()` as `HorovodInternalError` (a RuntimeError) on every rank. Names follow Horovod: `<op>.<name>`,
 or `<op>.noname.<n>` with a per-op counter when no name is given (so every rank must call in the same order).
 """
@@ -28,7 +28,8 @@ from hpcring.errors import CollectiveError, ConfigError
 from hpcring.torch import basics
 from hpcring.torch.compression import Compression
 
-torch = _deps.torch()
+_deps.torch()  # a missing torch becomes BackendUnavailable naming the install command
+import torch  # noqa: E402
 
 HorovodInternalError = CollectiveError
 
@@ -59,7 +60,9 @@ def handle_average_backwards_compatibility(op: Any, average: Any) -> Any:
         return op
     if average is not None:
         warnings.warn(
-            "Parameter `average` has been replaced with `op` and will be removed in v1.0", DeprecationWarning, 2
+            "Parameter `average` has been replaced with `op` and will be removed in v1.0",
+            DeprecationWarning,
+            2,
         )
         return Average if average else Sum
     return Average
@@ -70,7 +73,9 @@ def _op_name(op: Any, what: str) -> str:
         raise ConfigError(f"{what}: op=Adasum is not implemented in hpcring yet; use hvd.Average or hvd.Sum")
     if isinstance(op, ReduceOp):
         return _OPS[op]
-    raise ConfigError(f"{what}: unknown op {op!r}; allowed: hvd.Average, hvd.Sum, hvd.Min, hvd.Max or hvd.Product")
+    raise ConfigError(
+        f"{what}: unknown op {op!r}; allowed: hvd.Average, hvd.Sum, hvd.Min, hvd.Max or hvd.Product"
+    )
 
 
 # ---------------------------------------------------------------------- handles
@@ -151,7 +156,9 @@ def _check_dtype(t: Any, what: str) -> str:
         raise ValueError(f"{what}: sparse tensors are not supported here (use sparse_allreduce_async)")
     name = str(t.dtype).removeprefix("torch.")
     if name not in dtypes.SUPPORTED:
-        raise ValueError(f"{what}: tensor type {t.type()} is not supported; supported dtypes: {dtypes.SUPPORTED}")
+        raise ValueError(
+            f"{what}: tensor type {t.type()} is not supported; supported dtypes: {dtypes.SUPPORTED}"
+        )
     return name
 
 
@@ -263,8 +270,17 @@ def _allreduce_async(
     post = _check_scale(postscale_factor, what, "postscale_factor")
     src = _view(tensor)
     out = src if output is tensor else _view(output)
-    h = _submit(OpType.ALLREDUCE, _name("allreduce", name, process_set), tensor, process_set, output=out, src=src,
-                reduce_op=op_name, prescale=pre, postscale=post)
+    h = _submit(
+        OpType.ALLREDUCE,
+        _name("allreduce", name, process_set),
+        tensor,
+        process_set,
+        output=out,
+        src=src,
+        reduce_op=op_name,
+        prescale=pre,
+        postscale=post,
+    )
 
     def finish(_: list[Any]) -> Any:
         if not _shares(out, output):  # staged (GPU or non-contiguous): copy the result back
@@ -307,14 +323,22 @@ class HorovodAllreduce(torch.autograd.Function):  # type: ignore[misc]
     """Allreduce with a gradient: the gradient is allreduced with the same op and scale factors."""
 
     @staticmethod
-    def forward(ctx: Any, tensor: Any, average: Any, name: Any, op: Any, pre: float, post: float, ps: Any) -> Any:
+    def forward(
+        ctx: Any, tensor: Any, average: Any, name: Any, op: Any, pre: float, post: float, ps: Any
+    ) -> Any:
         ctx.average, ctx.op, ctx.pre, ctx.post, ctx.ps = average, op, pre, post, ps
         return synchronize(allreduce_async(tensor, average, name, op, pre, post, ps))
 
     @staticmethod
     def backward(ctx: Any, grad_output: Any) -> Any:
-        grad = allreduce(grad_output, average=ctx.average, op=ctx.op, prescale_factor=ctx.pre,
-                         postscale_factor=ctx.post, process_set=ctx.ps)
+        grad = allreduce(
+            grad_output,
+            average=ctx.average,
+            op=ctx.op,
+            prescale_factor=ctx.pre,
+            postscale_factor=ctx.post,
+            process_set=ctx.ps,
+        )
         return grad, None, None, None, None, None, None
 
 
@@ -330,7 +354,9 @@ def allreduce(
 ) -> Any:
     """Average (default) or sum `tensor` over the ranks; differentiable; the input is not modified."""
     compressed, cctx = compression.compress(tensor)
-    reduced = HorovodAllreduce.apply(compressed, average, name, op, prescale_factor, postscale_factor, process_set)
+    reduced = HorovodAllreduce.apply(
+        compressed, average, name, op, prescale_factor, postscale_factor, process_set
+    )
     return compression.decompress(reduced, cctx)
 
 
@@ -344,7 +370,9 @@ def allreduce_(
     process_set: ProcessSet = global_process_set,
 ) -> Any:
     """In-place allreduce; returns `tensor`."""
-    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor, process_set))
+    return synchronize(
+        allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor, process_set)
+    )
 
 
 def _group_names(prefix: str, name: str | None, n: int, process_set: ProcessSet | None) -> list[str | None]:
@@ -381,8 +409,12 @@ def grouped_allreduce_async(
     """allreduce_async of a list of tensors under one handle (fused together by the engine)."""
     op = handle_average_backwards_compatibility(op, average)
     names = _group_names("allreduce", name, len(tensors), process_set)
-    return _submit_group(lambda: [allreduce_async(t, None, n, op, prescale_factor, postscale_factor, process_set)
-                     for t, n in zip(tensors, names, strict=True)])
+    return _submit_group(
+        lambda: [
+            allreduce_async(t, None, n, op, prescale_factor, postscale_factor, process_set)
+            for t, n in zip(tensors, names, strict=True)
+        ]
+    )
 
 
 def grouped_allreduce_async_(
@@ -397,22 +429,34 @@ def grouped_allreduce_async_(
     """In-place grouped_allreduce_async."""
     op = handle_average_backwards_compatibility(op, average)
     names = _group_names("allreduce", name, len(tensors), process_set)
-    return _submit_group(lambda: [allreduce_async_(t, None, n, op, prescale_factor, postscale_factor, process_set)
-                     for t, n in zip(tensors, names, strict=True)])
+    return _submit_group(
+        lambda: [
+            allreduce_async_(t, None, n, op, prescale_factor, postscale_factor, process_set)
+            for t, n in zip(tensors, names, strict=True)
+        ]
+    )
 
 
 class HorovodGroupedAllreduce(torch.autograd.Function):  # type: ignore[misc]
     """Grouped allreduce with gradients (each gradient allreduced like its tensor)."""
 
     @staticmethod
-    def forward(ctx: Any, average: Any, name: Any, op: Any, pre: float, post: float, ps: Any, *tensors: Any) -> Any:
+    def forward(
+        ctx: Any, average: Any, name: Any, op: Any, pre: float, post: float, ps: Any, *tensors: Any
+    ) -> Any:
         ctx.average, ctx.op, ctx.pre, ctx.post, ctx.ps = average, op, pre, post, ps
         return tuple(synchronize(grouped_allreduce_async(list(tensors), average, name, op, pre, post, ps)))
 
     @staticmethod
     def backward(ctx: Any, *grad_outputs: Any) -> Any:
-        grads = grouped_allreduce(list(grad_outputs), average=ctx.average, op=ctx.op, prescale_factor=ctx.pre,
-                                  postscale_factor=ctx.post, process_set=ctx.ps)
+        grads = grouped_allreduce(
+            list(grad_outputs),
+            average=ctx.average,
+            op=ctx.op,
+            prescale_factor=ctx.pre,
+            postscale_factor=ctx.post,
+            process_set=ctx.ps,
+        )
         return (None, None, None, None, None, None, *grads)
 
 
@@ -428,8 +472,9 @@ def grouped_allreduce(
 ) -> list[Any]:
     """Allreduce a list of tensors together; differentiable; inputs unchanged."""
     pairs = [compression.compress(t) for t in tensors]
-    reduced = HorovodGroupedAllreduce.apply(average, name, op, prescale_factor, postscale_factor, process_set,
-                                           *[p[0] for p in pairs])
+    reduced = HorovodGroupedAllreduce.apply(
+        average, name, op, prescale_factor, postscale_factor, process_set, *[p[0] for p in pairs]
+    )
     return [compression.decompress(r, p[1]) for r, p in zip(reduced, pairs, strict=True)]
 
 
@@ -449,16 +494,19 @@ def grouped_allreduce_(
     return result
 
 
-def sparse_allreduce_async(tensor: Any, name: str, op: Any, process_set: ProcessSet = global_process_set) -> Any:
+def sparse_allreduce_async(
+    tensor: Any, name: str, op: Any, process_set: ProcessSet = global_process_set
+) -> Any:
     """Allreduce of a sparse COO tensor by allgathering its indices and values (Horovod's method).
 
     Returns a callable: calling it (or passing it to synchronize) waits and gives the reduced sparse tensor.
     """
     t = tensor.coalesce() if not tensor.is_coalesced() else tensor
-    indices_handle = allgather_async(t._indices().transpose(0, 1).contiguous(), name=f"{name}.indices",
-                                     process_set=process_set)
+    indices_handle = allgather_async(
+        t._indices().transpose(0, 1).contiguous(), name=f"{name}.indices", process_set=process_set
+    )
     values_handle = allgather_async(t._values(), name=f"{name}.values", process_set=process_set)
-    n = (process_set.size() or 1)
+    n = process_set.size() or 1
 
     def handle() -> Any:
         values = synchronize(values_handle)
@@ -475,7 +523,9 @@ def sparse_allreduce_async(tensor: Any, name: str, op: Any, process_set: Process
 # ---------------------------------------------------------------------- allgather
 
 
-def allgather_async(tensor: Any, name: str | None = None, process_set: ProcessSet = global_process_set) -> int:
+def allgather_async(
+    tensor: Any, name: str | None = None, process_set: ProcessSet = global_process_set
+) -> int:
     """Start concatenating `tensor` from every rank along dim 0 (which may differ per rank)."""
     what = "allgather"
     _check_dtype(tensor, what)
@@ -513,7 +563,9 @@ def grouped_allgather_async(
 ) -> int:
     """allgather_async of a list of tensors under one handle."""
     names = _group_names("allgather", name, len(tensors), process_set)
-    return _submit_group(lambda: [allgather_async(t, n, process_set) for t, n in zip(tensors, names, strict=True)])
+    return _submit_group(
+        lambda: [allgather_async(t, n, process_set) for t, n in zip(tensors, names, strict=True)]
+    )
 
 
 class HorovodGroupedAllgather(torch.autograd.Function):  # type: ignore[misc]
@@ -524,7 +576,10 @@ class HorovodGroupedAllgather(torch.autograd.Function):  # type: ignore[misc]
 
     @staticmethod
     def backward(ctx: Any, *grads: Any) -> Any:
-        out = [HorovodAllgather.backward(_Ctx(dim=d, ps=ctx.ps), g)[0] for d, g in zip(ctx.dims, grads, strict=True)]
+        out = [
+            HorovodAllgather.backward(_Ctx(dim=d, ps=ctx.ps), g)[0]
+            for d, g in zip(ctx.dims, grads, strict=True)
+        ]
         return (None, None, *out)
 
 
@@ -554,14 +609,24 @@ def _root_index(root_rank: Any, process_set: ProcessSet, what: str) -> int:
     return ranks.index(root_rank)
 
 
-def _broadcast_async(tensor: Any, output: Any, root_rank: int, name: str | None, process_set: ProcessSet) -> int:
+def _broadcast_async(
+    tensor: Any, output: Any, root_rank: int, name: str | None, process_set: ProcessSet
+) -> int:
     what = "broadcast"
     _check_dtype(tensor, what)
     root = _root_index(root_rank, process_set, what)
     out = _view(output)
     if output is not tensor:
         out.tensor.copy_(tensor.detach())
-    h = _submit(OpType.BROADCAST, _name("broadcast", name, process_set), tensor, process_set, src=out, output=out, root=root)
+    h = _submit(
+        OpType.BROADCAST,
+        _name("broadcast", name, process_set),
+        tensor,
+        process_set,
+        src=out,
+        output=out,
+        root=root,
+    )
 
     def finish(_: list[Any]) -> Any:
         if not _shares(out, output):
@@ -630,10 +695,14 @@ def _splits(splits: Any, rows: int, n: int, what: str) -> np.ndarray[Any, Any] |
         if splits.dtype != torch.int32:
             raise ValueError(f"{what}: splits must be an int32 tensor, got {splits.dtype}")
         values = [int(v) for v in splits.detach().cpu().reshape(-1).tolist()]
-    elif isinstance(splits, (list, tuple)) and all(isinstance(v, int) and not isinstance(v, bool) for v in splits):
+    elif isinstance(splits, (list, tuple)) and all(
+        isinstance(v, int) and not isinstance(v, bool) for v in splits
+    ):
         values = [int(v) for v in splits]
     else:
-        raise ValueError(f"{what}: splits must be an int32 tensor or a list of ints, got {type(splits).__name__}")
+        raise ValueError(
+            f"{what}: splits must be an int32 tensor or a list of ints, got {type(splits).__name__}"
+        )
     if len(values) != n:
         raise ValueError(f"{what}: splits has {len(values)} entries; it needs one per rank ({n})")
     if any(v < 0 for v in values):
@@ -657,11 +726,17 @@ def alltoall_async(
     n = basics.size() if process_set is None or not process_set.process_set_id else (process_set.size() or 0)
     split_arr = _splits(splits, int(tensor.shape[0]), n, what)
     src = _view(tensor)
-    h = _submit(OpType.ALLTOALL, _name("alltoall", name, process_set), tensor, process_set, src=src, splits=split_arr)
+    h = _submit(
+        OpType.ALLTOALL, _name("alltoall", name, process_set), tensor, process_set, src=src, splits=split_arr
+    )
 
     def finish(results: list[Any]) -> Any:
         out, received = results[0]
-        rec = received if isinstance(received, torch.Tensor) else torch.from_numpy(np.asarray(received, np.int32))
+        rec = (
+            received
+            if isinstance(received, torch.Tensor)
+            else torch.from_numpy(np.asarray(received, np.int32))
+        )
         return _tensor_of(out, tensor), rec.to(torch.int32)
 
     return _register(_Pending([h], finish, [tensor, src]))
@@ -709,8 +784,16 @@ def _reducescatter_async(
         raise ValueError(f"{what}: the tensor needs at least one dimension (got a scalar)")
     dtypes.check_op(dtype, op, what)
     src = _view(tensor)
-    h = _submit(OpType.REDUCESCATTER, _name(prefix, name, process_set), tensor, process_set, src=src, reduce_op=_OPS[op],
-                prescale=_check_scale(pre, what, "prescale_factor"), postscale=_check_scale(post, what, "postscale_factor"))
+    h = _submit(
+        OpType.REDUCESCATTER,
+        _name(prefix, name, process_set),
+        tensor,
+        process_set,
+        src=src,
+        reduce_op=_OPS[op],
+        prescale=_check_scale(pre, what, "prescale_factor"),
+        postscale=_check_scale(post, what, "postscale_factor"),
+    )
     return _register(_Pending([h], lambda r: _tensor_of(r[0], tensor), [tensor, src]))
 
 
@@ -724,7 +807,9 @@ def reducescatter_async(
 ) -> int:
     """Start reducing `tensor` over the ranks and scattering dim 0: rank r gets its block of rows
     (dim0 // size rows, one more on ranks < dim0 % size)."""
-    return _reducescatter_async(tensor, name, op, process_set, prescale_factor, postscale_factor, "reducescatter")
+    return _reducescatter_async(
+        tensor, name, op, process_set, prescale_factor, postscale_factor, "reducescatter"
+    )
 
 
 class HorovodReducescatter(torch.autograd.Function):  # type: ignore[misc]
@@ -775,8 +860,12 @@ def grouped_reducescatter_async(
 ) -> int:
     """reducescatter_async of a list of tensors under one handle."""
     names = _group_names("reducescatter", name, len(tensors), process_set)
-    return _submit_group(lambda: [reducescatter_async(t, n, op, process_set, prescale_factor, postscale_factor)
-                     for t, n in zip(tensors, names, strict=True)])
+    return _submit_group(
+        lambda: [
+            reducescatter_async(t, n, op, process_set, prescale_factor, postscale_factor)
+            for t, n in zip(tensors, names, strict=True)
+        ]
+    )
 
 
 class HorovodGroupedReducescatter(torch.autograd.Function):  # type: ignore[misc]
@@ -803,6 +892,7 @@ def grouped_reducescatter(
 ) -> list[Any]:
     """Reducescatter a list of tensors together; differentiable."""
     pairs = [compression.compress(t) for t in tensors]
-    outs = HorovodGroupedReducescatter.apply(name, op, process_set, prescale_factor, postscale_factor,
-                                             *[p[0] for p in pairs])
+    outs = HorovodGroupedReducescatter.apply(
+        name, op, process_set, prescale_factor, postscale_factor, *[p[0] for p in pairs]
+    )
     return [compression.decompress(o, p[1]) for o, p in zip(outs, pairs, strict=True)]

@@ -19,7 +19,8 @@ SHELLCHECK = shutil.which("shellcheck", path=str(Path(sys.executable).parent)) o
 
 
 def make_plan(profile_name: str, *, options: plan.RenderOptions | None = None, **job: Any) -> plan.Plan:
-    """Plan for a built-in profile and JobSpec keyword arguments (`command=[...]` as a shortcut for one step)."""
+    """Plan for a built-in profile and JobSpec keyword arguments (`command=[...]` as a shortcut for one
+    step)."""
     command = job.pop("command", None)
     if command is not None:
         job["steps"] = (Step(tuple(command)),)

@@ -1,11 +1,12 @@
-"""Injection: hostile strings in the job name, command arguments, environment values and paths are rendered, the
-script runs under bash with stand-in launchers that record their argv and environment, and what they recorded equals
+"""Injection: hostile strings in the job name, command arguments, environment values and paths are rendered,
+the
+script runs under bash with stand-in launchers that record their argv and environment, and what they recorded
+equals
 the input exactly; a canary proves nothing else ran. A newline bound for a directive line is refused."""
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,14 +18,14 @@ from hypothesis import HealthCheck, given, settings
 from sched_helpers import make_plan, render_plan
 
 from hpcring.errors import ConfigError
-from hpcring.schedulers import plan, shell
-from hpcring.schedulers.job import JobSpec
+from hpcring.schedulers import shell
 
 RECORDER = """#!{python}
 import json, os, sys
 with open(os.environ["RECORD"], "a") as f:
     f.write(json.dumps({{"tool": os.path.basename(sys.argv[0]), "argv": sys.argv[1:],
-                        "env": {{k: os.environ.get(k) for k in ("HPCRING_JOB_NAME", "PAYLOAD", "MASTER_ADDR")}},
+                        "env": {{k: os.environ.get(k) for k in ("HPCRING_JOB_NAME", "PAYLOAD",
+                        "MASTER_ADDR")}},
                         "cwd": os.getcwd()}}) + "\\n")
 """
 

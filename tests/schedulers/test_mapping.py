@@ -1,4 +1,5 @@
-"""Mapping on the built-in profiles: the placements the sites document, every output format, impossible shapes."""
+"""Mapping on the built-in profiles: the placements the sites document, every output format, impossible
+shapes."""
 
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ def test_frontier_one_rank_per_gcd_on_its_closest_cores() -> None:
     rm = build("frontier", nodes=2)
     assert rm.shape.ranks == 16 and rm.shape.cpus_per_rank == 7
     first = {r.slot.gpus[0]: cpuset.format_list(r.slot.cpus) for r in rm.ranks() if r.node == 0}
-    # OLCF node diagram: GCD0 49-55, GCD1 57-63, GCD2 17-23, GCD3 25-31, GCD4 1-7, GCD5 9-15, GCD6 33-39, GCD7 41-47
+    # OLCF node diagram: GCD0 49-55, GCD1 57-63, GCD2 17-23, GCD3 25-31, GCD4 1-7, GCD5 9-15, GCD6 33-39, GCD7
+    # 41-47
     assert first == {
         0: "49-55",
         1: "57-63",
@@ -191,3 +193,12 @@ def test_cli_map_env_defaults_and_errors() -> None:
     assert none.returncode == 2 and "no profile given" in none.stderr and "Traceback" not in none.stderr
     shape = cli("map", "--profile", "frontier", "--ranks-per-node", "9")
     assert shape.returncode == 2 and "more GPUs than the node has" in shape.stderr
+
+
+def test_json_lines_equal_the_records() -> None:
+    import dataclasses
+
+    prof = profile.load("generic-lsf")
+    prof = dataclasses.replace(prof, site=dataclasses.replace(prof.site, require_even_ranks=False))
+    for rm in (build("summit", nodes=3), mapping.build(prof, JobSpec(nodes=3, ranks=7))):
+        assert [json.loads(line) for line in rm.json_lines()] == rm.as_json_list()

@@ -1,8 +1,10 @@
 """Property tests of the mapping invariants over random valid node topologies and job shapes (hypothesis).
 
-Invariants: no hardware thread is given to two ranks of a node; each GPU is given to at most one rank (isolated and
+Invariants: no hardware thread is given to two ranks of a node; each GPU is given to at most one rank
+(isolated and
 shared alike) and every rank gets exactly its GPUs per rank; reserved cores are never used; every rank gets
-`cpus_per_rank` cores and only their threads; ranks are contiguous per node; and whenever every NUMA domain has room
+`cpus_per_rank` cores and only their threads; ranks are contiguous per node; and whenever every NUMA domain
+has room
 for the ranks that belong to it, each rank's CPUs lie in its GPUs' (or its assigned) NUMA domain.
 """
 
@@ -70,7 +72,8 @@ def _domains_of(node: Node, slot: mapping.Slot, rpn: int) -> set[int]:
     if slot.gpus:
         by_index = {g.index: g for g in node.gpus}
         return {by_index[g].numa for g in slot.gpus}
-    return {node.numa[slot.local_rank * len(node.numa) // rpn].id}
+    domains = mapping.usable_domains(node)
+    return {domains[slot.local_rank * len(domains) // rpn].id}
 
 
 def check_invariants(prof: Profile, rm: mapping.RankMap) -> None:

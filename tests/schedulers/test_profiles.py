@@ -1,4 +1,5 @@
-"""Profiles: built-ins validate, the published schema is the shipped one, and bad profiles fail with the YAML path,
+"""Profiles: built-ins validate, the published schema is the shipped one, and bad profiles fail with the YAML
+path,
 the bad value and the allowed values (through the CLI: exit 2, no traceback)."""
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ def test_builtin_profiles_validate_and_cite_sources(name: str) -> None:
 
 
 def test_builtin_list_matches_files() -> None:
-    assert profile.builtin_names() == sorted(BUILTIN) + ["local"]
+    assert profile.builtin_names() == [*sorted(BUILTIN), "local"]
 
 
 def test_frontier_facts() -> None:
@@ -176,7 +177,7 @@ def test_cli_list_show_schema() -> None:
     res = cli("profiles", "list")
     assert res.returncode == 0
     names = [line.split()[0] for line in res.stdout.splitlines()]
-    assert names == sorted(BUILTIN) + ["local"]
+    assert names == [*sorted(BUILTIN), "local"]
     show = cli("profiles", "show", "frontier")
     assert show.stdout == profile.source_of("frontier")[1]
     schema = cli("profiles", "schema")

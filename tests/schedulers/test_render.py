@@ -296,7 +296,8 @@ def test_templates_ship_in_the_wheel(tmp_path: Path) -> None:
         "import hpcring.schedulers.render as r, sys; "
         f"assert r.__file__.startswith({str(site)!r}), r.__file__; "
         f"assert r.template_roots()[0].is_relative_to({str(site)!r}); "
-        "from hpcring.cli import main; sys.exit(main(['render', '--profile', 'summit', '--account', 'a', '--', 'true']))"
+        "from hpcring.cli import main; "
+        "sys.exit(main(['render', '--profile', 'summit', '--account', 'a', '--', 'true']))"
     )
     out = subprocess.run(
         [sys.executable, "-c", code],

@@ -17,7 +17,8 @@ script="${@: -1}"
 echo "$*" >> "$STATE/sbatch.args"
 id=1234
 echo RUNNING > "$STATE/$id"
-( SLURM_JOB_NODELIST=node1 SLURM_JOB_ID=$id bash "$script" > "$STATE/$id.out" 2>&1; echo $? > "$STATE/$id.rc"; \
+( SLURM_JOB_NODELIST=node1 SLURM_JOB_ID=$id bash "$script" > "$STATE/$id.out" 2>&1; echo $? > "$STATE/$id.rc";
+\
   echo DONE > "$STATE/$id" ) &
 echo "$id;cluster"
 """

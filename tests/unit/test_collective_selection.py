@@ -29,23 +29,28 @@ def test_unknown_algorithm_names_source_and_choices(monkeypatch: pytest.MonkeyPa
 
 
 def test_auto_rule_one_node() -> None:
-    for nbytes in (8, 1 << 20, 1 << 30):
+    ring = selection.RING_MIN_BYTES
+    for nbytes in (8, 64 << 10, ring - 4):
         assert choose_algorithm(nbytes, native_exact=True, local_size=4, cross_size=1) == "native"
+    for nbytes in (ring, 64 << 20):
+        assert choose_algorithm(nbytes, native_exact=True, local_size=4, cross_size=1) == "ring"
 
 
-def test_auto_rule_half_precision_switches_to_ring_when_big() -> None:
-    small = selection.HALF_RING_MIN_BYTES - 2
-    assert choose_algorithm(small, native_exact=False, local_size=4, cross_size=1) == "native"
-    big = selection.HALF_RING_MIN_BYTES
-    assert choose_algorithm(big, native_exact=False, local_size=4, cross_size=1) == "ring"
+def test_auto_rule_half_precision_switches_to_ring_earlier() -> None:
+    half = selection.HALF_RING_MIN_BYTES
+    assert half < selection.RING_MIN_BYTES
+    assert choose_algorithm(half - 2, native_exact=False, local_size=4, cross_size=1) == "native"
+    assert choose_algorithm(half, native_exact=False, local_size=4, cross_size=1) == "ring"
+    assert choose_algorithm(half, native_exact=True, local_size=4, cross_size=1) == "native"
 
 
 def test_auto_rule_several_nodes() -> None:
     t = selection.HIERARCHICAL_MIN_BYTES
     assert choose_algorithm(t, native_exact=True, local_size=2, cross_size=2) == "hierarchical"
-    assert choose_algorithm(t - 1, native_exact=True, local_size=2, cross_size=2) == "native"
-    # one rank per node: nothing to gain from a node-local stage
-    assert choose_algorithm(t, native_exact=True, local_size=1, cross_size=4) == "native"
+    assert choose_algorithm(t, native_exact=False, local_size=2, cross_size=2) == "hierarchical"
+    assert choose_algorithm(t - 4, native_exact=True, local_size=2, cross_size=2) == "native"
+    # one rank per node: no node-local stage to exploit, the flat ring moves the least
+    assert choose_algorithm(t, native_exact=True, local_size=1, cross_size=4) == "ring"
 
 
 def test_chunk_bytes_env(monkeypatch: pytest.MonkeyPatch) -> None:

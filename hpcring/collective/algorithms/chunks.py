@@ -39,14 +39,16 @@ def ring_reduce_segment(rank: int, size: int, step: int) -> tuple[int, int]:
 
 
 def ring_gather_segment(rank: int, size: int, step: int) -> tuple[int, int]:
-    """(segment sent, segment received) by `rank` at allgather step `step` (0 .. size-2), starting from
-    owning r."""
+    """(segment sent, segment received) by `rank` at allgather step `step` (0 .. size-2); rank r starts
+    holding segment r, where the reduce-scatter left it."""
     return (rank - step) % size, (rank - step - 1) % size
 
 
 def chunk_ranges(start: int, stop: int, chunk: int) -> list[tuple[int, int]]:
-    """Split [start, stop) into pipelining chunks of at most `chunk` items (one empty range for an empty
-    span)."""
+    """Split [start, stop) into pipelining chunks of at most `chunk` items.
+
+    An empty span still yields one empty range: both neighbours then post one zero-length message, which
+    keeps the k-th send matched to the k-th receive without special cases."""
     if stop <= start:
         return [(start, start)]
     step = max(1, chunk)
@@ -56,8 +58,7 @@ def chunk_ranges(start: int, stop: int, chunk: int) -> list[tuple[int, int]]:
 def shard_owner(shard: int, shards: int, local_size: int) -> int:
     """Local rank that owns global shard `shard` on a node with `local_size` ranks, when every node splits the
     buffer into the same `shards` (= the largest node's rank count). Owners hold contiguous runs of shards,
-    and
-    each node has exactly one owner per shard, so shard j's cross-node group is one rank per node."""
+    and each node has exactly one owner per shard, so shard j's cross-node group is one rank per node."""
     return shard * local_size // shards
 
 

@@ -34,8 +34,7 @@ class Transport(Protocol):
     def size(self) -> int: ...
 
     def isend(self, buf: NDArray, dest: int, tag: int) -> Request:
-        """Start sending the contiguous `buf` to `dest`; the buffer must not change until the request
-        completes."""
+        """Start sending the contiguous `buf` to `dest` (leave it unchanged until the request completes)."""
         ...
 
     def irecv(self, buf: NDArray, source: int, tag: int) -> Request:
@@ -65,6 +64,10 @@ class Transport(Protocol):
     def allgatherv(self, buf: NDArray, counts: Sequence[int], sendbuf: NDArray | None = None) -> None:
         """Native allgather with per-rank counts into `buf`; in place when `sendbuf` is None (own part already
         at its offset in `buf`)."""
+        ...
+
+    def allgather(self, sendbuf: NDArray, recvbuf: NDArray) -> None:
+        """Native allgather of equal-sized contributions: recvbuf holds size * sendbuf.size elements."""
         ...
 
     def bcast(self, buf: NDArray, root: int) -> None:

@@ -132,6 +132,9 @@ class MPITransport:
         send = self._mpi.IN_PLACE if sendbuf is None else _wire(sendbuf)
         self.comm.Allgatherv(send, recv)
 
+    def allgather(self, sendbuf: NDArray, recvbuf: NDArray) -> None:
+        self.comm.Allgather(_wire(sendbuf), _wire(recvbuf))
+
     def bcast(self, buf: NDArray, root: int) -> None:
         self.comm.Bcast(_wire(buf), root)
 

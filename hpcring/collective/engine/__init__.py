@@ -1,4 +1,4 @@
-"""The asynchronous engine: named requests, negotiation with a response cache, fusion, stall inspector, timeline.
+"""The asynchronous engine: named requests, negotiation with a response cache, fusion, stalls, timeline.
 
 Framework-agnostic: requests carry numpy views and metadata; `hpcring.torch` adapts tensors. Importing this
 package does not import mpi4py or torch (the engine loads them when it starts).

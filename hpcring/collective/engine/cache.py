@@ -2,9 +2,10 @@
 
 A training loop submits the same named tensors with the same signatures every step. Once a signature has run,
 every rank stores it under the same bit position (all ranks update the cache in the same order: the order in
-which responses execute, which negotiation makes identical everywhere). From then on a rank announces a request
-by setting its bit, and one bitwise-AND allreduce of a few words per cycle replaces gathering every request.
-Eviction is least-recently-executed, again identical on every rank because it depends only on executed responses.
+which responses execute, which negotiation makes identical everywhere). From then on a rank announces a
+request by setting its bit, and one bitwise-AND allreduce of a few words per cycle replaces gathering every
+request. Eviction is least-recently-executed, again identical on every rank because it depends only on
+executed responses.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ class ResponseCache:
         return list(self._sigs)
 
     def put(self, sig: Signature) -> int | None:
-        """Record an executed response; returns the bit evicted to make room (its holders must renegotiate)."""
+        """Record an executed response; returns the bit evicted to make room (its waiters renegotiate)."""
         if self.capacity == 0:
             return None
         bit = self._by_name.get(sig.name)

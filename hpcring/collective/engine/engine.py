@@ -1,13 +1,13 @@
 """The background engine: one thread per process that negotiates, fuses and runs named collectives.
 
-Framework calls `submit()` a Request and get a Handle back at once. Every `cycle_time_ms` the engine thread runs
-one negotiation cycle per process set this rank belongs to (in increasing set id, so two sets can never wait on
-each other), using only the set's own duplicated communicator and only from this thread (so a user's MPI calls
-on their own communicators, from their own threads, never interleave with ours):
+Framework calls `submit()` a Request and get a Handle back at once. Every `cycle_time_ms` the engine thread
+runs one negotiation cycle per process set this rank belongs to (in increasing set id, so two sets can never
+wait on each other), using only the set's own duplicated communicator and only from this thread (so a user's
+MPI calls on their own communicators, from their own threads, never interleave with ours):
 
 1. one allreduce (bitwise AND) of a few 64-bit words: flags ("I have new requests", "shut down", "stall
-   abort") and, per response-cache bit, "I have this cached request pending" / "I do not have it";
-   requests every rank has pending with an identical cached signature are ready with no further exchange;
+   abort") and, per response-cache bit, "I have this cached request pending" / "I do not have it"; requests
+   every rank has pending with an identical cached signature are ready with no further exchange;
 2. only when some rank has new (uncached) requests: one allgather of their small signatures; every rank adds
    them to an identical table; a name is ready when every rank (or every rank that has not joined) submitted
    it, and then it is validated: a disagreement becomes an error response, raised on every rank;
@@ -51,6 +51,9 @@ _ALL_FLAGS = _NO_NEW | _NO_SHUTDOWN | _NO_ABORT
 _IDLE_CYCLES_BEFORE_BACKOFF = 100
 _IDLE_WAIT_S = 0.02
 _STALL_CHECK_EVERY_S = 1.0
+_SPIN_S = 200e-6
+_MIN_BACKOFF_S = 50e-6
+_MAX_BACKOFF_S = 2e-3
 
 
 def numpy_dtype(name: str) -> np.dtype[Any]:
@@ -161,6 +164,15 @@ class Engine:
         self._cycle_no = 0
         self._idle_cycles = 0
         self._timeline: Timeline | None = None
+        # Counters for tests and benchmarks (written by the engine thread only).
+        self.stats = {
+            "cycles": 0,
+            "exchanges": 0,
+            "cache_hits": 0,
+            "table_ready": 0,
+            "batches": 0,
+            "fused": 0,
+        }
         self._configure_logging()
         root = world.subset(range(world.size))  # the engine's own communicators, never the caller's
         self._register(0, tuple(range(world.size)), root)
@@ -170,8 +182,7 @@ class Engine:
             self.start_timeline(settings.timeline, settings.timeline_mark_cycles)
         self._thread = threading.Thread(target=self._run, name="hpcring-engine", daemon=True)
         self._thread.start()
-        ref = weakref.ref(self)
-        atexit.register(lambda: (e := ref()) is not None and e.shutdown())
+        atexit.register(_shutdown_at_exit, weakref.ref(self))
 
     # ------------------------------------------------------------------ public API (caller threads)
 
@@ -333,22 +344,48 @@ class Engine:
                 self._fail_set(st, f"hpcring shut down: {self._stop_reason or 'a rank shut down'}")
 
     def _sleep(self, start: float, period: float) -> None:
-        """Wait for the next cycle: `period` after this one started; longer (but woken by submit) when idle."""
+        """Wait for the next cycle.
+
+        With requests in flight the next cycle starts `period` after this one (the fusion window: requests
+        submitted meanwhile are negotiated together). With nothing in flight on this rank a submit wakes the
+        thread at once, so a lone synchronous op does not pay the window; after many idle cycles the wait grows
+        to _IDLE_WAIT_S (still woken by a submit) to leave the CPU to the training.
+        """
         with self._lock:
             if self._closed:
                 return
-            if self._idle_cycles > _IDLE_CYCLES_BEFORE_BACKOFF and not any(
-                st.incoming for st in self._sets.values()
-            ):
-                self._wake.wait(max(period, _IDLE_WAIT_S))
+            if any(st.incoming for st in self._sets.values()):
+                return
+            locally_idle = not any(st.inflight for st in self._sets.values())
+            if locally_idle:
+                long_idle = self._idle_cycles > _IDLE_CYCLES_BEFORE_BACKOFF
+                self._wake.wait(max(period, _IDLE_WAIT_S) if long_idle else period)
                 return
         delay = start + period - time.monotonic()
         if delay > 0:
             time.sleep(delay)
 
+    def _agree(self, st: _SetState, vec: NDArray) -> None:
+        """Bitwise-AND allreduce of the negotiation vector, polled instead of blocking.
+
+        A blocking MPI call busy-polls; when ranks outnumber cores (or another rank is still computing) that
+        spin steals the CPU the other ranks need. So: spin on Test() for _SPIN_S (peers that are already there
+        answer in microseconds), then sleep with exponential backoff up to _MAX_BACKOFF_S between tests.
+        """
+        req = st.comm.Iallreduce(self._mpi.IN_PLACE, vec, op=self._mpi.BAND)
+        deadline = time.monotonic() + _SPIN_S
+        while time.monotonic() < deadline:
+            if req.Test():
+                return
+        pause = _MIN_BACKOFF_S
+        while not req.Test():
+            time.sleep(pause)
+            pause = min(pause * 2, _MAX_BACKOFF_S)
+
     def _cycle(self) -> bool:
         """One negotiation cycle over every set this rank is in; True when the engine must stop."""
         self._cycle_no += 1
+        self.stats["cycles"] += 1
         timeline = self._timeline
         busy = False
         for set_id in sorted(self._sets):
@@ -388,7 +425,7 @@ class Engine:
                 st.outbox.append(req)
             else:
                 st.cached_wait[bit] = req
-        # Cached requests that wait long go through the table, where the stall inspector can name missing ranks.
+        # Cached requests waiting long go through the table, where the stall inspector can name missing ranks.
         patience = self.settings.stall_check_time_s / 2
         if not self.settings.stall_check_disable:
             for bit, req in list(st.cached_wait.items()):
@@ -424,11 +461,11 @@ class Engine:
         return vec
 
     def _negotiate(self, st: _SetState, timeline: Timeline | None) -> tuple[list[Response], int, bool]:
-        """Steps 1 and 2 of the module docstring; returns (ready responses, agreed flags, anything pending)."""
+        """Steps 1 and 2 of the module docstring; returns (ready responses, agreed flags, busy)."""
         now = time.monotonic()
         self._intake(st, timeline, now)
         vec = self._vector(st)
-        st.comm.Allreduce(self._mpi.IN_PLACE, vec, op=self._mpi.BAND)
+        self._agree(st, vec)
         flags = int(vec[0])
         if st.id == 0 and not flags & _NO_SHUTDOWN:
             return [], flags, True
@@ -440,6 +477,7 @@ class Engine:
             for bit in np.flatnonzero(hit & ~nobody):
                 b = int(bit)
                 responses.append(Response(st.cache.signature(b), st.cached_wait.pop(b, None)))
+            self.stats["cache_hits"] += len(responses)
         if not flags & _NO_NEW:
             self._exchange(st, timeline, now)
         responses.extend(self._table_ready(st, timeline))
@@ -453,6 +491,7 @@ class Engine:
 
     def _exchange(self, st: _SetState, timeline: Timeline | None, now: float) -> None:
         """Allgather the new signatures (with how long each waited) into the identical table on every rank."""
+        self.stats["exchanges"] += 1
         mine, st.outbox = st.outbox, []
         payload = [(req.sig, now - req.submitted_at) for req in mine]
         for req in mine:
@@ -493,6 +532,7 @@ class Engine:
             if error is None:
                 error = self._join_conflict(st, sig, joined - set(entry.sigs))
             out.append(Response(sig, st.announced.pop(name, None), error))
+            self.stats["table_ready"] += 1
         if st.joined and len(joined) == st.size:
             last = st.ranks[st.joined[-1]]
             local = st.local_join
@@ -546,9 +586,10 @@ class Engine:
             )
         if lines:
             log.warning(
-                "One or more tensors were submitted by a subset of ranks and have been waiting for the remaining "
-                "ranks for more than %.0f s (process set %d). Different ranks may be submitting different "
-                "tensors, or only some ranks are submitting, which would deadlock.\nStalled tensors:\n%s",
+                "One or more tensors were submitted by a subset of ranks and have been waiting for the "
+                "remaining ranks for more than %.0f s (process set %d). Different ranks may be submitting "
+                "different tensors, or only some ranks are submitting, which would deadlock.\n"
+                "Stalled tensors:\n%s",
                 s.stall_check_time_s,
                 st.id,
                 "\n".join(lines),
@@ -563,8 +604,9 @@ class Engine:
         with self._lock:
             if self._stop_reason is None:
                 self._stop_reason = (
-                    f"a collective stalled for more than {self.settings.stall_shutdown_time_s:.0f} s in process set "
-                    f"{st.id} (HPCRING_STALL_SHUTDOWN_TIME_SECONDS); rank {st.ranks[0]} logged the stalled tensors"
+                    f"a collective stalled for more than {self.settings.stall_shutdown_time_s:.0f} s in "
+                    f"process set {st.id} (HPCRING_STALL_SHUTDOWN_TIME_SECONDS); rank {st.ranks[0]} logged "
+                    "the stalled tensors"
                 )
             self._closed = True
 
@@ -579,7 +621,10 @@ class Engine:
                     timeline.end(name, f"NEGOTIATE_{r.sig.op_type.name}", when=r.ready_at)
                 timeline.begin(name, r.sig.op_type.name, when=r.ready_at)
                 timeline.begin(name, "QUEUE", when=r.ready_at)
-        for batch in self._plan(responses):
+        for batch in plan_batches(responses, self.settings.fusion_threshold):
+            self.stats["batches"] += 1
+            if len(batch) > 1:
+                self.stats["fused"] += len(batch)
             if timeline is not None:
                 now = time.monotonic()
                 for r in batch:
@@ -589,34 +634,6 @@ class Engine:
                 now = time.monotonic()
                 for r in batch:
                     timeline.end(r.sig.name, r.sig.op_type.name, when=now)
-
-    def _plan(self, responses: list[Response]) -> list[list[Response]]:
-        """Group responses into batches: compatible allreduces fused (looking ahead over allreduces only)."""
-        limit = self.settings.fusion_threshold
-        batches: list[list[Response]] = []
-        used = [False] * len(responses)
-        for i, r in enumerate(responses):
-            if used[i]:
-                continue
-            used[i] = True
-            batch = [r]
-            if r.sig.op_type is OpType.ALLREDUCE and r.error is None and limit > 0:
-                key = _fusion_key(r.sig)
-                total = _nbytes(r.sig)
-                for j in range(i + 1, len(responses)):
-                    other = responses[j]
-                    if other.sig.op_type is not OpType.ALLREDUCE:
-                        break
-                    if used[j] or other.error is not None or _fusion_key(other.sig) != key:
-                        continue
-                    size = _nbytes(other.sig)
-                    if total + size > limit:
-                        continue
-                    used[j] = True
-                    batch.append(other)
-                    total += size
-            batches.append(batch)
-        return batches
 
     def _run_batch(self, st: _SetState, batch: list[Response], timeline: Timeline | None) -> None:
         first = batch[0]
@@ -785,6 +802,43 @@ class _NullSpan:
 
 
 _NULL_SPAN = _NullSpan()
+
+
+def plan_batches(responses: list[Response], limit: int) -> list[list[Response]]:
+    """Group responses into batches run one after the other: compatible allreduces (same dtype, op, scale
+    factors, device) fused up to `limit` bytes, looking ahead over allreduces only (never past another op, so
+    e.g. a barrier keeps its place). Deterministic, so every rank forms the same batches."""
+    batches: list[list[Response]] = []
+    used = [False] * len(responses)
+    for i, r in enumerate(responses):
+        if used[i]:
+            continue
+        used[i] = True
+        batch = [r]
+        if r.sig.op_type is OpType.ALLREDUCE and r.error is None and limit > 0:
+            key = _fusion_key(r.sig)
+            total = _nbytes(r.sig)
+            for j in range(i + 1, len(responses)):
+                other = responses[j]
+                if other.sig.op_type is not OpType.ALLREDUCE:
+                    break
+                if used[j] or other.error is not None or _fusion_key(other.sig) != key:
+                    continue
+                size = _nbytes(other.sig)
+                if total + size > limit:
+                    continue
+                used[j] = True
+                batch.append(other)
+                total += size
+        batches.append(batch)
+    return batches
+
+
+def _shutdown_at_exit(ref: weakref.ref[Engine]) -> None:
+    """Stop a running engine when the interpreter exits, so peers see the shutdown instead of hanging."""
+    engine = ref()
+    if engine is not None:
+        engine.shutdown("this rank's process is exiting", timeout=10.0)
 
 
 def _fusion_key(sig: Signature) -> tuple[Any, ...]:

@@ -1,9 +1,10 @@
 """The seam through which collective algorithms report their stages to the engine's timeline.
 
 An algorithm wraps a stage in `with phase("INTRA_REDUCE_SCATTER"): ...`; when no timeline is recording this
-costs one global read. The engine installs a listener while a timeline is open and, on its own thread, says which
-tensors the running collective belongs to (`set_current`), so stages nest under each tensor's `COLLECTIVE` span.
-Collectives called directly from other threads have no current tensors and are not recorded.
+costs one global read. The engine installs a listener while a timeline is open and, on its own thread, says
+which tensors the running collective belongs to (`set_current`), so stages nest under each tensor's
+`COLLECTIVE` span. Collectives called directly from other threads have no current tensors and are not
+recorded.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""What the engine queues: a named request, the signature every rank must agree on, and the handle a caller waits on.
+"""What the engine queues: a named request, the signature all ranks must agree on, and the caller's handle.
 
-The engine knows numpy arrays and metadata only; framework adapters (`hpcring.torch`) turn tensors into zero-copy
-numpy views before they submit and turn results back into tensors afterwards.
+The engine knows numpy arrays and metadata only; framework adapters (`hpcring.torch`) turn tensors into
+zero-copy numpy views before they submit and turn results back into tensors afterwards.
 """
 
 from __future__ import annotations

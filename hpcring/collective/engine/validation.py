@@ -1,8 +1,8 @@
 """Cross-rank validation of one named request: do all ranks agree on what they submitted?
 
-Run on every rank over the same gathered signatures, so every rank reaches the same verdict and raises the same
-error instead of some ranks hanging in a collective whose buffers do not match. Messages name the ranks and the
-values that disagree, grouped by value, e.g. `shape: ranks 0, 2 have (4,); rank 1 has (5,)`.
+Run on every rank over the same gathered signatures, so every rank reaches the same verdict and raises the
+same error instead of some ranks hanging in a collective whose buffers do not match. Messages name the ranks
+and the values that disagree, grouped by value, e.g. `shape: ranks 0, 2 have (4,); rank 1 has (5,)`.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def _ranks(ranks: Sequence[int]) -> str:
 
 
 def describe_disagreement(fieldname: str, by_rank: Mapping[int, Any]) -> str:
-    """`shape: ranks 0, 2 have (4,); rank 1 has (5,)` (world ranks, grouped by value, in order of first rank)."""
+    """`shape: ranks 0, 2 have (4,); rank 1 has (5,)`: world ranks grouped by value, by first rank."""
     groups: dict[str, list[int]] = {}
     for r in sorted(by_rank):
         groups.setdefault(_show(fieldname, by_rank[r]), []).append(r)
@@ -66,15 +66,16 @@ def describe_disagreement(fieldname: str, by_rank: Mapping[int, Any]) -> str:
 def check_agreement(sigs: Mapping[int, Signature], world_ranks: Sequence[int]) -> str | None:
     """None when every submitted signature agrees; otherwise the error message (identical on every rank).
 
-    `sigs` maps process-set rank to signature; `world_ranks[i]` is the world rank of set rank i (messages speak
-    world ranks, which is what users see in their logs).
+    `sigs` maps process-set rank to signature; `world_ranks[i]` is the world rank of set rank i
+    (messages speak world ranks, which is what users see in their logs).
     """
     first = sigs[min(sigs)]
     name = first.name
     op_types = {world_ranks[r]: s.op_type for r, s in sigs.items()}
     if len(set(op_types.values())) > 1:
         return (
-            f"Mismatched operations for tensor {name!r} across ranks; {describe_disagreement('op_type', op_types)}. "
+            f"Mismatched operations for tensor {name!r} across ranks; "
+            f"{describe_disagreement('op_type', op_types)}. "
             "Every rank must submit the same collective under a given name."
         )
     problems = []

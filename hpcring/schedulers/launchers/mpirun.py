@@ -23,11 +23,17 @@ def logical_pus(node: Node, cores: Sequence[int], threads: int) -> list[int]:
 
 def rankfile(rm: RankMap) -> str:
     """Open MPI rankfile for the whole job."""
-    node = rm.profile.node
+    node, shape = rm.profile.node, rm.shape
+    slots = [
+        [cpuset.format_list(logical_pus(node, s.cores, shape.threads_per_core)) for s in layout]
+        for layout in rm.layouts
+    ]
     lines = []
-    for r in rm.ranks():
-        pus = logical_pus(node, r.slot.cores, rm.shape.threads_per_core)
-        lines.append(f"rank {r.rank}=+n{r.node} slot={cpuset.format_list(pus)}")
+    rank = 0
+    for n in range(shape.nodes):
+        for pus in slots[0] if shape.even or n < shape.extra_nodes else slots[1]:
+            lines.append(f"rank {rank}=+n{n} slot={pus}")
+            rank += 1
     return "\n".join(lines) + "\n"
 
 

@@ -1,4 +1,4 @@
-"""Fixtures for the `hpcring.torch` op tests that run inside every rank (collected only under HPCRING_RANKED=1).
+"""Fixtures for the `hpcring.torch` op tests run inside every rank (collected only under HPCRING_RANKED=1).
 
 Every rank runs the same tests in the same order; expectations are computed from the rank and the world size.
 """

@@ -90,7 +90,13 @@ def test_non_contiguous_and_legacy_tensor_types(hvd: ModuleType) -> None:
     assert torch.equal(y, (torch.arange(12, dtype=torch.float32).reshape(3, 4).t() * n + ranks_sum(n)))
     hvd.allreduce_(view, op=hvd.Sum)  # in place through the staged copy
     assert torch.equal(view, y)
-    for legacy in (torch.IntTensor, torch.LongTensor, torch.FloatTensor, torch.DoubleTensor, torch.ByteTensor):
+    for legacy in (
+        torch.IntTensor,
+        torch.LongTensor,
+        torch.FloatTensor,
+        torch.DoubleTensor,
+        torch.ByteTensor,
+    ):
         t = legacy(4).fill_(r + 1)
         out = hvd.allreduce(t, op=hvd.Sum)
         assert out.type() == t.type() and out.tolist() == [n * (n + 1) // 2] * 4
@@ -122,8 +128,10 @@ def test_grouped_allreduce(hvd: ModuleType) -> None:
 def test_many_fused_requests_complete(hvd: ModuleType) -> None:
     n, r = hvd.size(), hvd.rank()
     for step in range(3):  # the second and third steps go through the response cache
-        handles = [hvd.allreduce_async(torch.full((64,), float(r * i + step)), name=f"fuse.{i}", op=hvd.Sum)
-                   for i in range(40)]
+        handles = [
+            hvd.allreduce_async(torch.full((64,), float(r * i + step)), name=f"fuse.{i}", op=hvd.Sum)
+            for i in range(40)
+        ]
         for i, h in enumerate(handles):
             assert hvd.synchronize(h)[0].item() == ranks_sum(n) * i + n * step
 

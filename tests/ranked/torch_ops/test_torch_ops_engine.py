@@ -34,8 +34,10 @@ def test_different_submit_order_across_ranks(hvd: ModuleType) -> None:
     order = names[r:] + names[:r]  # every rank starts somewhere else
     if r % 2:
         order.reverse()
-    handles = {nm: hvd.allreduce_async(torch.full((5,), float(i + r)), name=nm, op=hvd.Sum)
-               for nm, i in ((nm, names.index(nm)) for nm in order)}
+    handles = {
+        nm: hvd.allreduce_async(torch.full((5,), float(i + r)), name=nm, op=hvd.Sum)
+        for nm, i in ((nm, names.index(nm)) for nm in order)
+    }
     for i, nm in enumerate(names):
         assert hvd.synchronize(handles[nm]).tolist() == [float(n * i + n * (n - 1) // 2)] * 5
 
@@ -86,7 +88,9 @@ def test_user_mpi4py_calls_interleaved(hvd: ModuleType, comm: Any) -> None:
     from mpi4py import MPI
 
     for step in range(5):
-        handles = [hvd.allreduce_async(torch.full((100,), float(r)), name=f"mix.{i}", op=hvd.Sum) for i in range(8)]
+        handles = [
+            hvd.allreduce_async(torch.full((100,), float(r)), name=f"mix.{i}", op=hvd.Sum) for i in range(8)
+        ]
         assert comm.allreduce(r + step, op=MPI.SUM) == n * (n - 1) // 2 + n * step
         buf = np.full(4, r, dtype=np.int64)
         comm.Bcast(buf, root=step % n)
@@ -113,8 +117,17 @@ def test_timeline_at_run_time(hvd: ModuleType, comm: Any) -> None:
         return
     events = json.loads(path.read_text())
     names = {e["name"] for e in events}
-    for phase in ("NEGOTIATE_ALLREDUCE", "ALLREDUCE", "QUEUE", "MEMCPY_IN_FUSION_BUFFER", "COLLECTIVE",
-                  "MEMCPY_OUT_FUSION_BUFFER", "NEGOTIATE_ALLGATHER", "ALLGATHER", "CYCLE_START"):
+    for phase in (
+        "NEGOTIATE_ALLREDUCE",
+        "ALLREDUCE",
+        "QUEUE",
+        "MEMCPY_IN_FUSION_BUFFER",
+        "COLLECTIVE",
+        "MEMCPY_OUT_FUSION_BUFFER",
+        "NEGOTIATE_ALLGATHER",
+        "ALLGATHER",
+        "CYCLE_START",
+    ):
         assert phase in names, phase
     rows = {e["args"]["name"] for e in events if e["name"] == "process_name"}
     assert {"allreduce.tl.0", "allgather.tl.gather.1"} <= rows

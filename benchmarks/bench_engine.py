@@ -1,0 +1,154 @@
+"""Engine benchmarks: what tensor fusion buys, and what the engine costs per operation.
+
+Run under the launcher, e.g.:
+
+    hpcring run -np 2 -- python benchmarks/bench_engine.py
+    hpcring run -np 4 -- python benchmarks/bench_engine.py --json engine.json
+
+1. Fusion: 256 tensors of 16 KiB (float32) allreduced through the engine
+   - fused: all submitted at once, default fusion threshold (64 MiB): one 4 MiB collective per step;
+   - one by one: fusion off (threshold 0), each allreduce submitted and waited for before the next;
+   - unfused async (for reference): fusion off, all 256 submitted at once, so 256 collectives per cycle.
+2. Latency of a 4-byte allreduce: the engine (submit + wait, response cache warm) against raw mpi4py
+   `Allreduce` on the same ranks, i.e. the engine's overhead per operation.
+
+Each figure is the median over iterations of the slowest rank's time (max over ranks per iteration). Ranks are
+lined up with a barrier on a separate communicator before every iteration. The engine is used directly on numpy
+arrays (framework-agnostic), so the benchmark also runs in an environment without torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+import hpcring
+from hpcring.collective.engine import Engine, OpType, Request, Signature
+from hpcring.config import EngineSettings, engine_settings
+
+TENSORS = 256
+TENSOR_BYTES = 16 * 1024
+
+
+def allreduce_requests(tag: str, arrays: list[np.ndarray]) -> list[Request]:
+    return [
+        Request(Signature(f"{tag}.{i}", OpType.ALLREDUCE, "float32", a.shape, "sum"), 0, a, np.empty_like(a))
+        for i, a in enumerate(arrays)
+    ]
+
+
+def timed(comm: Any, iters: int, warmup: int, step: Callable[[], None]) -> list[float]:
+    """Per-iteration time of the slowest rank, in seconds."""
+    for _ in range(warmup):
+        step()
+    out = []
+    for _ in range(iters):
+        comm.Barrier()
+        t0 = time.perf_counter()
+        step()
+        out.append(comm.allreduce(time.perf_counter() - t0, op=max_op()))
+    return out
+
+
+def max_op() -> Any:
+    from mpi4py import MPI
+
+    return MPI.MAX
+
+
+def bench_fusion(world: Any, iters: int) -> dict[str, float]:
+    n = world.size
+    arrays = [np.full(TENSOR_BYTES // 4, float(world.rank + i), np.float32) for i in range(TENSORS)]
+    want0 = float(n * (n - 1) // 2)
+    results: dict[str, float] = {}
+    base = engine_settings()
+    variants = {
+        "fused": (base.fusion_threshold or 64 << 20, "all"),
+        "one_by_one": (0, "sync"),
+        "unfused_async": (0, "all"),
+    }
+    for label, (threshold, mode) in variants.items():
+        engine = Engine(world, EngineSettings(fusion_threshold=threshold, cycle_time_ms=base.cycle_time_ms))
+        try:
+
+            def step(engine: Engine = engine, mode: str = mode) -> None:
+                reqs = allreduce_requests("fusion", arrays)
+                if mode == "all":
+                    engine.submit_many(reqs)
+                    for r in reqs:
+                        r.handle.wait()
+                else:
+                    for r in reqs:
+                        engine.submit(r)
+                        r.handle.wait()
+                assert reqs[0].output is not None and reqs[0].output[0] == want0
+
+            times = timed(world.comm, iters, 2, step)
+            results[label] = statistics.median(times)
+        finally:
+            engine.shutdown()
+    return results
+
+
+def bench_latency(world: Any, iters: int) -> dict[str, float]:
+    from mpi4py import MPI
+
+    x = np.ones(1, np.float32)
+    y = np.empty_like(x)
+    comm = world.comm.Dup()
+    raw = timed(world.comm, iters, 20, lambda: comm.Allreduce(x, y, op=MPI.SUM))
+    comm.Free()
+    engine = Engine(world, engine_settings())
+    try:
+
+        def step() -> None:
+            engine.submit(allreduce_requests("latency", [x])[0]).wait()
+
+        through = timed(world.comm, iters, 20, step)
+    finally:
+        engine.shutdown()
+    return {"raw_mpi4py": statistics.median(raw), "engine": statistics.median(through)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--iters", type=int, default=int(os.environ.get("HPCRING_BENCH_ITERS", "20")))
+    parser.add_argument("--latency-iters", type=int, default=500)
+    parser.add_argument("--json", help="write the results as JSON to this path (rank 0)")
+    args = parser.parse_args(argv)
+    world = hpcring.init()
+    fusion = bench_fusion(world, args.iters)
+    latency = bench_latency(world, args.latency_iters)
+    if world.rank == 0:
+        from mpi4py import MPI
+
+        mb = TENSORS * TENSOR_BYTES / 2**20
+        s = engine_settings()
+        print(f"ranks={world.size} nodes={len(world.node_sizes)} mpi={MPI.Get_library_version().splitlines()[0]}")
+        print(f"engine: cycle {s.cycle_time_ms} ms, fusion threshold {s.fusion_threshold} B")
+        print(f"\n{TENSORS} x {TENSOR_BYTES // 1024} KiB float32 allreduce ({mb:.0f} MiB per step), median of {args.iters}:")
+        for label, t in fusion.items():
+            print(f"  {label:<14} {t * 1e3:9.2f} ms")
+        print(f"  fused vs one by one:    {fusion['one_by_one'] / fusion['fused']:6.1f}x")
+        print(f"  fused vs unfused async: {fusion['unfused_async'] / fusion['fused']:6.1f}x")
+        print(f"\n4-byte allreduce latency, median of {args.latency_iters}:")
+        print(f"  raw mpi4py     {latency['raw_mpi4py'] * 1e6:9.1f} us")
+        print(f"  engine         {latency['engine'] * 1e6:9.1f} us")
+        print(f"  engine overhead {(latency['engine'] - latency['raw_mpi4py']) * 1e6:8.1f} us per op")
+        if args.json:
+            with open(args.json, "w", encoding="utf-8") as f:
+                json.dump({"ranks": world.size, "fusion_s": fusion, "latency_s": latency}, f, indent=2)
+    hpcring.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,48 @@
+"""Runs the engine tests (tests/ranked/engine, numpy only) in real multi-rank jobs with both MPI flavours, and
+the stall-inspector program, checking the warning text and the stall shutdown on every rank."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from conftest import RunRanks, ranked_pytest
+
+SUMMARY = re.compile(r"^\[(\d+)\]<stdout>:(\d+) passed", re.M)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize(("flavour", "np", "nodes"), [("mpich", 2, None), ("openmpi", 3, 2)])
+def test_engine_on_every_rank(hpcring_run: RunRanks, flavour: str, np: int, nodes: int | None) -> None:
+    proc = hpcring_run(np, [*ranked_pytest("tests/ranked/engine")], flavour=flavour, emulate_nodes=nodes)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-6000:]
+    passed = {int(r): int(n) for r, n in SUMMARY.findall(proc.stdout)}
+    assert sorted(passed) == list(range(np)) and len(set(passed.values())) == 1, out[-3000:]
+
+
+@pytest.mark.mpi
+def test_stall_warning_and_shutdown(hpcring_run: RunRanks) -> None:
+    np = 3
+    proc = hpcring_run(
+        np,
+        ["{python}", "tests/ranked/engine/stall_program.py"],
+        flavour="mpich",
+        env={"HPCRING_STALL_CHECK_TIME_SECONDS": "1", "HPCRING_STALL_SHUTDOWN_TIME_SECONDS": "3"},
+        timeout=120,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-6000:]
+    warnings = [line for line in proc.stderr.splitlines() if "missing ranks" in line]
+    assert all(line.startswith("[0]<stderr>:") for line in warnings), "only rank 0 reports stalls"
+    assert any(
+        "'late' (allreduce" in w and "submitted by ranks [0, 1]; missing ranks [2]" in w for w in warnings
+    )
+    assert any("'never' (allreduce" in w for w in warnings)
+    assert "waiting for the remaining ranks for more than 1 s" in proc.stderr
+    for r in range(np):
+        m = re.search(rf"^\[{r}\]<stdout>:RESULT rank {r}: (.*)$", proc.stdout, re.M)
+        assert m, out[-3000:]
+        assert m.group(1).startswith("CollectiveError") and "stalled for more than 3 s" in m.group(1), (
+            m.group(1)
+        )

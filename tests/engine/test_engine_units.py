@@ -1,0 +1,208 @@
+"""Single-process tests of the engine's pure parts: settings, response cache, validation messages, fusion
+planning and the timeline file. (The multi-rank behaviour is in tests/ranked/engine and
+tests/ranked/torch_ops.)"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from hpcring.collective.engine import OpType, Signature, phases
+from hpcring.collective.engine.cache import ResponseCache
+from hpcring.collective.engine.engine import Response, plan_batches
+from hpcring.collective.engine.timeline import Timeline
+from hpcring.collective.engine.validation import check_agreement
+from hpcring.config import DEFAULT_FUSION_THRESHOLD, EngineSettings, engine_settings
+from hpcring.errors import ConfigError
+
+
+def sig(name: str, shape: tuple[int, ...] = (4,), dtype: str = "float32", **kw: object) -> Signature:
+    return Signature(name, kw.pop("op_type", OpType.ALLREDUCE), dtype, shape, **kw)  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------- settings
+
+
+def test_defaults_match_horovod() -> None:
+    s = engine_settings({})
+    assert s == EngineSettings()
+    assert s.fusion_threshold == DEFAULT_FUSION_THRESHOLD == 64 * 1024 * 1024
+    assert (s.cycle_time_ms, s.cache_capacity, s.stall_check_time_s) == (1.0, 1024, 60.0)
+    assert s.timeline is None and not s.stall_check_disable and s.allreduce_algorithm == "auto"
+
+
+def test_hpcring_names_win_over_horovod_aliases() -> None:
+    env = {
+        "HOROVOD_FUSION_THRESHOLD": "1024",
+        "HOROVOD_CYCLE_TIME": "5",
+        "HPCRING_CYCLE_TIME": "2.5",
+        "HOROVOD_CACHE_CAPACITY": "0",
+        "HOROVOD_TIMELINE": "/tmp/t.json",
+        "HPCRING_TIMELINE_MARK_CYCLES": "yes",
+        "HOROVOD_STALL_CHECK_TIME_SECONDS": "10",
+        "HPCRING_STALL_SHUTDOWN_TIME_SECONDS": "30",
+        "HOROVOD_STALL_CHECK_DISABLE": "1",
+        "HOROVOD_HIERARCHICAL_ALLREDUCE": "1",
+        "HPCRING_LOG_LEVEL": "DEBUG",
+    }
+    s = engine_settings(env)
+    assert s.fusion_threshold == 1024 and s.cycle_time_ms == 2.5 and s.cache_capacity == 0
+    assert s.timeline == "/tmp/t.json" and s.timeline_mark_cycles
+    assert (s.stall_check_time_s, s.stall_shutdown_time_s, s.stall_check_disable) == (10.0, 30.0, True)
+    assert s.allreduce_algorithm == "hierarchical" and s.log_level == "debug"
+    assert engine_settings({"HPCRING_ALLREDUCE_ALGORITHM": "Ring", **env}).allreduce_algorithm == "ring"
+
+
+@pytest.mark.parametrize(
+    ("text", "value"), [("67108864", 67108864), ("64MiB", 64 << 20), ("512k", 512 << 10), ("1 GB", 1 << 30)]
+)
+def test_fusion_threshold_sizes(text: str, value: int) -> None:
+    assert engine_settings({"HPCRING_FUSION_THRESHOLD": text}).fusion_threshold == value
+
+
+@pytest.mark.parametrize(
+    ("var", "text", "says"),
+    [
+        ("HPCRING_FUSION_THRESHOLD", "lots", "not a byte count"),
+        ("HPCRING_CYCLE_TIME", "fast", "not a number"),
+        ("HPCRING_CYCLE_TIME", "-1", "expected a number >= 0"),
+        ("HOROVOD_CACHE_CAPACITY", "1.5", "not an integer"),
+        ("HPCRING_STALL_CHECK_DISABLE", "maybe", "not a boolean"),
+        ("HPCRING_ALLREDUCE_ALGORITHM", "tree", "'auto', 'native', 'ring' or 'hierarchical'"),
+        ("HPCRING_LOG_LEVEL", "loud", "'warning'"),
+        ("HPCRING_STALL_CHECK_TIME_SECONDS", "nan", "out of range"),
+    ],
+)
+def test_bad_settings_name_variable_value_and_allowed(var: str, text: str, says: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        engine_settings({var: text})
+    assert var in str(info.value) and repr(text) in str(info.value) and says in str(info.value)
+
+
+# ---------------------------------------------------------------- response cache
+
+
+def test_cache_lookup_requires_identical_signature() -> None:
+    c = ResponseCache(4)
+    assert c.put(sig("a")) is None and c.lookup(sig("a")) == 0
+    assert c.lookup(sig("a", (5,))) is None and c.lookup(sig("b")) is None
+    assert c.evict("a") == 0 and c.lookup(sig("a")) is None and len(c) == 0
+    assert c.put(sig("b")) is None and c.bit_of("b") == 0, "freed positions are reused lowest first"
+
+
+def test_cache_evicts_least_recently_executed() -> None:
+    c = ResponseCache(2)
+    c.put(sig("a"))
+    c.put(sig("b"))
+    c.put(sig("a"))  # a executed again: b is now the oldest
+    assert c.put(sig("c")) == 1 and c.bit_of("c") == 1 and c.bit_of("b") is None
+    assert c.words == 1 and sorted(c.bits()) == [0, 1]
+
+
+def test_cache_is_deterministic_for_the_same_history() -> None:
+    history = [sig(f"t{i % 7}", (i % 3 + 1,)) for i in range(50)]
+    a, b = ResponseCache(5), ResponseCache(5)
+    for s in history:
+        assert a.put(s) == b.put(s)
+    assert {bit: a.signature(bit) for bit in a.bits()} == {bit: b.signature(bit) for bit in b.bits()}
+
+
+def test_cache_capacity_zero_stores_nothing() -> None:
+    c = ResponseCache(0)
+    assert c.put(sig("a")) is None and c.lookup(sig("a")) is None and c.words == 0
+
+
+# ---------------------------------------------------------------- validation
+
+
+def test_agreement_and_grouped_mismatch_message() -> None:
+    ranks = (0, 1, 2, 3)
+    assert check_agreement({r: sig("x") for r in ranks}, ranks) is None
+    sigs = {0: sig("x"), 1: sig("x", (5,)), 2: sig("x"), 3: sig("x", (5,), "float64")}
+    msg = check_agreement(sigs, ranks)
+    assert msg is not None
+    assert "Mismatched allreduce of tensor 'x' across ranks" in msg
+    assert "dtype: ranks 0, 1, 2 have float32; rank 3 has float64" in msg
+    assert "shape: ranks 0, 2 have (4,); ranks 1, 3 have (5,)" in msg
+
+
+def test_messages_speak_world_ranks_of_a_process_set() -> None:
+    msg = check_agreement(
+        {0: sig("x", root=0, op_type=OpType.BROADCAST), 1: sig("x", root=1, op_type=OpType.BROADCAST)}, (2, 5)
+    )
+    assert msg is not None and "root rank: rank 2 has 0; rank 5 has 1" in msg
+
+
+def test_ragged_ops_compare_trailing_dims_only() -> None:
+    same = {0: sig("g", (-1, 3), op_type=OpType.ALLGATHER), 1: sig("g", (-1, 3), op_type=OpType.ALLGATHER)}
+    assert check_agreement(same, (0, 1)) is None
+    diff = {0: sig("g", (-1, 3), op_type=OpType.ALLGATHER), 1: sig("g", (-1, 2), op_type=OpType.ALLGATHER)}
+    msg = check_agreement(diff, (0, 1))
+    assert msg is not None and "rank 0 has (*, 3); rank 1 has (*, 2)" in msg and "but the first" in msg
+
+
+def test_operation_mismatch_and_device_mismatch() -> None:
+    msg = check_agreement({0: sig("x"), 1: sig("x", op_type=OpType.BROADCAST)}, (0, 1))
+    assert msg is not None and "operation: rank 0 has allreduce; rank 1 has broadcast" in msg
+    msg = check_agreement({0: sig("x"), 1: sig("x", device="cuda")}, (0, 1))
+    assert msg is not None and "device: rank 0 has cpu; rank 1 has cuda" in msg
+
+
+# ---------------------------------------------------------------- fusion planning
+
+
+def test_plan_fuses_compatible_allreduces_up_to_the_threshold() -> None:
+    rs = [Response(sig(f"a{i}", (256,)), None) for i in range(5)]  # 1 KiB each
+    assert [len(b) for b in plan_batches(rs, 3 * 1024)] == [3, 2]
+    assert [len(b) for b in plan_batches(rs, 0)] == [1] * 5, "threshold 0 disables fusion"
+    mixed = [
+        Response(sig("f"), None),
+        Response(sig("d", dtype="float64"), None),
+        Response(sig("f2"), None),
+        Response(sig("b", op_type=OpType.BARRIER), None),
+        Response(sig("f3"), None),
+    ]
+    names = [[r.sig.name for r in b] for b in plan_batches(mixed, 1 << 20)]
+    assert names == [["f", "f2"], ["d"], ["b"], ["f3"]], "looks past other dtypes, never past another op"
+    errors = [Response(sig("e1"), None, error="bad"), Response(sig("e2"), None)]
+    assert [len(b) for b in plan_batches(errors, 1 << 20)] == [1, 1]
+
+
+# ---------------------------------------------------------------- timeline
+
+
+def test_timeline_is_valid_chrome_trace(tmp_path: Path) -> None:
+    path = tmp_path / "sub" / "tl.json"
+    tl = Timeline(str(path), mark_cycles=True)
+    tl.begin("grad.w", "NEGOTIATE_ALLREDUCE")
+    tl.instant("grad.w", "rank 1 ready", args={"rank": 1})
+    tl.end("grad.w", "NEGOTIATE_ALLREDUCE")
+    with tl.span(["grad.w", "grad.b"], "COLLECTIVE"):
+        phases.set_current(tl, ["grad.w"])
+    tl.cycle(3)
+    tl.close()
+    tl.close()  # idempotent
+    events = json.loads(path.read_text())
+    rows = {e["args"]["name"]: e["pid"] for e in events if e["name"] == "process_name"}
+    assert set(rows) >= {"grad.w", "grad.b"}
+    spans = [(e["name"], e["ph"], e["pid"]) for e in events if e["ph"] in "BE"]
+    assert (
+        spans.count(("COLLECTIVE", "B", rows["grad.b"])) == 1 and ("COLLECTIVE", "E", rows["grad.w"]) in spans
+    )
+    assert any(e["name"] == "CYCLE_START" for e in events)
+    assert all(isinstance(e.get("ts", 0), (int, float)) for e in events)
+
+
+def test_phase_seam_reports_to_the_listener() -> None:
+    seen: list[tuple[str, bool]] = []
+    with phases.phase("nobody listens"):
+        pass
+    phases.set_listener(lambda name, begin: seen.append((name, begin)))
+    try:
+        with phases.phase("INTRA_REDUCE_SCATTER"):
+            pass
+    finally:
+        phases.set_listener(None)
+    assert seen == [("INTRA_REDUCE_SCATTER", True), ("INTRA_REDUCE_SCATTER", False)]

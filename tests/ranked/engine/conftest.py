@@ -1,0 +1,28 @@
+"""Fixtures for engine tests that run inside every rank, on numpy only (so they also run in the MPICH venv,
+which has no torch). Collected only under HPCRING_RANKED=1."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+import hpcring
+from hpcring.collective.engine import Engine
+from hpcring.collective.topology import Topology
+from hpcring.config import EngineSettings
+
+
+@pytest.fixture(scope="session")
+def world() -> Iterator[Topology]:
+    topo = hpcring.init()
+    yield topo
+    hpcring.shutdown()
+
+
+@pytest.fixture(scope="session")
+def engine(world: Topology) -> Iterator[Engine]:
+    """One engine with default settings for the whole session."""
+    e = Engine(world, EngineSettings())
+    yield e
+    e.shutdown()

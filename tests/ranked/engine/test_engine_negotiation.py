@@ -1,0 +1,133 @@
+"""Negotiation, the response cache fast path, fusion, validation and join at the engine level (numpy only)."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+from engine_cases import submit
+
+from hpcring.collective.engine import Engine, OpType, Request, Signature
+from hpcring.collective.topology import Topology
+from hpcring.config import EngineSettings
+from hpcring.errors import CollectiveError
+
+
+def test_steady_state_uses_the_cache_not_the_table(engine: Engine, world: Topology) -> None:
+    n, r = world.size, world.rank
+    names = [f"cache.{i}" for i in range(20)]
+    for step in range(5):
+        before = dict(engine.stats)
+        handles = [
+            submit(engine, OpType.ALLREDUCE, nm, np.full(8, float(r + i + step)))
+            for i, nm in enumerate(names)
+        ]
+        for i, h in enumerate(handles):
+            np.testing.assert_array_equal(h.wait(), np.full(8, float(n * (n - 1) // 2 + n * (i + step))))
+        if step >= 1:  # announced once in full; afterwards only bits travel
+            assert engine.stats["cache_hits"] - before["cache_hits"] == len(names)
+            assert engine.stats["table_ready"] == before["table_ready"]
+
+
+def test_submit_many_is_fused(engine: Engine, world: Topology) -> None:
+    n, r = world.size, world.rank
+    before = engine.stats["fused"]
+    reqs = [
+        Request(
+            Signature(f"fuse.{i}", OpType.ALLREDUCE, "float32", (16,), "average"),
+            0,
+            np.full(16, float(r), np.float32),
+            np.empty(16, np.float32),
+        )
+        for i in range(30)
+    ]
+    engine.submit_many(reqs)
+    for q in reqs:
+        np.testing.assert_allclose(q.handle.wait(), np.full(16, (n - 1) / 2, np.float32))
+    assert engine.stats["fused"] - before >= 30
+
+
+def test_mismatched_operation_for_a_name(engine: Engine, world: Topology) -> None:
+    r = world.rank
+    x = np.ones(4, np.float32)
+    h = submit(engine, OpType.ALLGATHER if r == 1 else OpType.ALLREDUCE, "same.name", x)
+    with pytest.raises(CollectiveError, match=r"Mismatched operations .*rank 1 has allgather"):
+        h.wait()
+
+
+def test_shape_mismatch_lists_every_rank(engine: Engine, world: Topology) -> None:
+    n, r = world.size, world.rank
+    h = submit(engine, OpType.ALLREDUCE, "by.rank", np.ones(r + 1, np.float32))
+    with pytest.raises(CollectiveError) as info:
+        h.wait()
+    for q in range(n):
+        assert f"rank {q} has ({q + 1},)" in str(info.value)
+
+
+def test_duplicate_name_in_flight(engine: Engine, world: Topology) -> None:
+    h = submit(engine, OpType.ALLREDUCE, "twice", np.ones(2))
+    with pytest.raises(ValueError, match="already in flight"):
+        submit(engine, OpType.ALLREDUCE, "twice", np.ones(2))
+    h.wait()
+    with pytest.raises(ValueError, match="already in flight"):
+        engine.submit_many(
+            [Request(Signature("pair", OpType.BARRIER), 0), Request(Signature("pair", OpType.BARRIER), 0)]
+        )
+
+
+def test_join_neutral_values_for_min_max(engine: Engine, world: Topology) -> None:
+    n, r = world.size, world.rank
+    if r == 0:  # rank 0 has no data at all: it joins at once
+        assert submit(engine, OpType.JOIN, "join").wait() == n - 1
+        return
+    for step in range(r):
+        x = np.array([r + 10.0, -(r + 10.0)])
+        mn = submit(engine, OpType.ALLREDUCE, "j.min", x, reduce_op="min").wait()
+        mx = submit(engine, OpType.ALLREDUCE, "j.max", x, reduce_op="max").wait()
+        active = [q for q in range(1, n) if q > step]
+        assert mn.tolist() == [min(active) + 10.0, -(max(active) + 10.0)]
+        assert mx.tolist() == [max(active) + 10.0, -(min(active) + 10.0)]
+    assert submit(engine, OpType.JOIN, "join").wait() == n - 1
+
+
+def test_tiny_cache_evicts_and_stays_correct(world: Topology) -> None:
+    n, r = world.size, world.rank
+    e = Engine(world, EngineSettings(cache_capacity=3, fusion_threshold=64))
+    try:
+        for step in range(4):
+            hs = [submit(e, OpType.ALLREDUCE, f"lru.{i}", np.full(4, float(r * i + step))) for i in range(7)]
+            for i, h in enumerate(hs):
+                np.testing.assert_array_equal(h.wait(), np.full(4, float(i * n * (n - 1) // 2 + n * step)))
+        assert e.stats["batches"] > 7  # a 64-byte threshold splits what default settings would fuse
+    finally:
+        e.shutdown()
+
+
+def test_cached_request_waiting_long_is_renegotiated(world: Topology) -> None:
+    """A cached request that waits past half the stall time moves to the table (so stalls can be reported)."""
+    n, r = world.size, world.rank
+    e = Engine(world, EngineSettings(stall_check_time_s=0.4))
+    try:
+        for step in range(3):
+            if step == 2 and r == n - 1:
+                time.sleep(1.0)
+            h = submit(e, OpType.ALLREDUCE, "slow", np.full(3, float(r)))
+            np.testing.assert_array_equal(h.wait(), np.full(3, float(n * (n - 1) // 2)))
+        assert e.stats["table_ready"] >= 2  # first announcement and the renegotiated one
+    finally:
+        e.shutdown()
+
+
+def test_other_collectives_through_the_engine(engine: Engine, world: Topology) -> None:
+    n, r = world.size, world.rank
+    g = submit(engine, OpType.ALLGATHER, "ag", np.full((r + 1, 2), r, np.int32)).wait()
+    assert g.shape == (n * (n + 1) // 2, 2)
+    b = np.full(3, float(r))
+    assert submit(engine, OpType.BROADCAST, "bc", b, out=b, root=n - 1).wait() is b
+    assert b.tolist() == [float(n - 1)] * 3
+    out, received = submit(engine, OpType.ALLTOALL, "a2a", np.arange(n, dtype=np.float64) + 10 * r).wait()
+    assert np.asarray(out).tolist() == [10.0 * q + r for q in range(n)] and list(received) == [1] * n
+    rs = submit(engine, OpType.REDUCESCATTER, "rs", np.ones((2 * n, 2))).wait()
+    assert rs.tolist() == [[float(n)] * 2] * 2
+    assert submit(engine, OpType.BARRIER, "b").wait() is None

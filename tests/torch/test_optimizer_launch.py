@@ -1,0 +1,35 @@
+"""Runs the data-parallel tests (tests/ranked/torch_train) inside real multi-rank jobs.
+
+One launch at 2 ranks on one node and one at 4 ranks on 2 emulated nodes cover DistributedOptimizer, the
+broadcast helpers, SyncBatchNorm and the data-parallel equivalence proof; the ranked files hold the assertions,
+this checks that every rank ran them all and passed.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from conftest import RunRanks, ranked_pytest
+
+pytest.importorskip("torch")
+
+TESTS = "tests/ranked/torch_train"
+SUMMARY = re.compile(r"^\[(\d+)\]<stdout>:(\d+) passed", re.M)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize(("np", "nodes"), [(2, None), (4, 2)])
+def test_data_parallel_contracts_on_every_rank(hpcring_run: RunRanks, np: int, nodes: int | None) -> None:
+    proc = hpcring_run(
+        np,
+        [*ranked_pytest(TESTS), "-W", "ignore::UserWarning", "-o", "faulthandler_timeout=250"],
+        emulate_nodes=nodes,
+        timeout=400,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-6000:]
+    passed = {int(r): int(n) for r, n in SUMMARY.findall(proc.stdout)}
+    assert sorted(passed) == list(range(np)), out[-3000:]
+    assert len(set(passed.values())) == 1, passed  # the same tests passed on every rank
+    assert min(passed.values()) >= 90, passed  # all four files were collected, not just one
