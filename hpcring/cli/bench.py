@@ -55,7 +55,7 @@ def register(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     """Run the sweep on every rank; rank 0 prints the table and writes the files."""
     from hpcring import __version__
-    from hpcring._deps import mpi
+    from hpcring._deps import mpi, require
     from hpcring.bench import allreduce as bench
     from hpcring.collective import dtypes, runtime
 
@@ -66,6 +66,8 @@ def main(args: argparse.Namespace) -> int:
     if "bool" in dtype_names:
         raise ConfigError("bool cannot be summed; benchmark a numeric dtype")
     algorithms = bench.parse_list(args.algorithms, bench.algorithm_choices(), "algorithm")
+    if args.plot:
+        require("matplotlib")  # fail before a long sweep, naming `pip install 'hpcring[plot]'`
     topo = runtime.init()
     lead = topo.rank == 0
     rows = bench.measure(

@@ -1,8 +1,8 @@
 """Runs the data-parallel tests (tests/ranked/torch_train) inside real multi-rank jobs.
 
 One launch at 2 ranks on one node and one at 4 ranks on 2 emulated nodes cover DistributedOptimizer, the
-broadcast helpers, SyncBatchNorm and the data-parallel equivalence proof; the ranked files hold the assertions,
-this checks that every rank ran them all and passed.
+broadcast helpers, SyncBatchNorm and the data-parallel equivalence proof; the ranked files hold the
+assertions, this checks that every rank ran them all and passed.
 """
 
 from __future__ import annotations

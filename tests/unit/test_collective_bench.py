@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
@@ -67,3 +68,22 @@ def test_plot_writes_png(tmp_path: Path) -> None:
     out = tmp_path / "busbw.png"
     bench.plot(out, ROWS, "test")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    from hpcring.cli import bench as cli
+
+    parser = argparse.ArgumentParser(prog="hpcring bench")
+    cli.register(parser)
+    return parser.parse_args(argv)
+
+
+def test_cli_flags_and_environment_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    args = _parse(["allreduce", "-b", "8", "-e", "256M", "-f", "4", "-d", "float16", "-a", "ring", "-n", "3"])
+    assert (args.minbytes, args.maxbytes, args.stepfactor, args.dtype) == ("8", "256M", 4, "float16")
+    assert (args.algorithms, args.iters, args.warmup, args.json) == ("ring", 3, 5, None)
+    monkeypatch.setenv("HPCRING_BENCH_ITERS", "7")
+    monkeypatch.setenv("HPCRING_BENCH_ALGORITHMS", "native")
+    monkeypatch.setenv("HPCRING_BENCH_JSON", "out.json")
+    args = _parse(["allreduce"])
+    assert (args.iters, args.algorithms, args.json) == (7, "native", "out.json")

@@ -1,11 +1,11 @@
 """examples/train_digits.py trained inside a 2-node Slurm job reaches the same accuracy as locally.
 
-The same command, seed and world size (2 nodes x 2 ranks) run twice: once on this machine under
-`hpcring run -np 4 --emulate-nodes 2` (so hpcring sees the same 2-node topology and picks the same algorithms),
-once in a job rendered by `hpcring render` for the emulated cluster (Open MPI, the venv with torch) and
-submitted with sbatch. Each writes rank 0's final metrics as JSON. Both must reach the example's target
-(>= 95 % test accuracy) and agree to within one test sample: data sharding, initial weights (broadcast from
-rank 0) and gradient averaging are the same, so only the order of floating-point sums may differ.
+The same command, seed and world size (2 nodes x 2 ranks) run twice: once on this machine under `hpcring run
+-np 4 --emulate-nodes 2` (so hpcring sees the same 2-node topology and picks the same algorithms), once in a
+job rendered by `hpcring render` for the emulated cluster (Open MPI, the venv with torch) and submitted with
+sbatch. Each writes rank 0's final metrics as JSON. Both must reach the example's target (>= 95 % test
+accuracy) and agree to within one test sample: data sharding, initial weights (broadcast from rank 0) and
+gradient averaging are the same, so only the order of floating-point sums may differ.
 """
 
 from __future__ import annotations
