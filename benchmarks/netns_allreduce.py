@@ -13,6 +13,7 @@ Runs with numpy buffers only, so it works in the MPICH venv too (no torch there)
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import socket
@@ -93,7 +94,7 @@ def run(sizes: list[int], repeats: int, algorithms: list[str], stages: bool) -> 
             stage_times(x)  # warm-up
         for _ in range(repeats):
             for algorithm in algorithms:
-                samples[algorithm].append(timed(lambda a=algorithm, b=x: hc.allreduce(b, algorithm=a)))
+                samples[algorithm].append(timed(functools.partial(hc.allreduce, x, algorithm=algorithm)))
             if stages:
                 for name, seconds in stage_times(x).items():
                     samples.setdefault(f"hierarchical:{name}", []).append(seconds)

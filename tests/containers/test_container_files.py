@@ -43,7 +43,7 @@ def defcheck(*args: str | Path) -> subprocess.CompletedProcess[str]:
 def torch_pin() -> str:
     """The torch version pyproject pins (`torch==X` in the `torch` extra): images must ship the same one."""
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
-    pins = [d.split("==", 1)[1] for d in extras["torch"] if d.startswith("torch==")]
+    pins = [str(d).split("==", 1)[1] for d in extras["torch"] if str(d).startswith("torch==")]
     assert pins, "pyproject's torch extra must pin torch==X"
     return pins[0]
 

@@ -71,12 +71,12 @@ def test_allreduce_is_exact_across_nodes(algorithm: str) -> None:
     """Every algorithm gives the exact sum over ranks, for uneven sizes and several dtypes."""
     size, rank = hc.size(), hc.rank()
     for n in SIZES:
-        for dtype in (np.float32, np.float64, np.int32):
-            x = np.arange(n, dtype=dtype) + dtype(rank + 1)
+        for dtype in ("float32", "float64", "int32"):
+            x = (np.arange(n) + rank + 1).astype(dtype)
             want = size * np.arange(n, dtype=np.float64) + size * (size + 1) / 2
             got = np.asarray(hc.allreduce(x, algorithm=algorithm, op=hc.ReduceOp.SUM), dtype=np.float64)
             assert got.shape == (n,)
-            np.testing.assert_array_equal(got, want, err_msg=f"{algorithm} n={n} {np.dtype(dtype).name}")
+            np.testing.assert_array_equal(got, want, err_msg=f"{algorithm} n={n} {dtype}")
 
 
 def bytes_moved(algorithm: str) -> tuple[int, int]:
