@@ -8,13 +8,13 @@ Run under the launcher, e.g.:
 1. Fusion: 256 tensors of 16 KiB (float32) allreduced through the engine
    - fused: all submitted at once, default fusion threshold (64 MiB): one 4 MiB collective per step;
    - one by one: fusion off (threshold 0), each allreduce submitted and waited for before the next;
-   - unfused async (for reference): fusion off, all 256 submitted at once, so 256 collectives per cycle.
+   - unfused async (for reference): fusion off, all 256 submitted at once: 256 collectives per cycle.
 2. Latency of a 4-byte allreduce: the engine (submit + wait, response cache warm) against raw mpi4py
    `Allreduce` on the same ranks, i.e. the engine's overhead per operation.
 
 Each figure is the median over iterations of the slowest rank's time (max over ranks per iteration). Ranks are
-lined up with a barrier on a separate communicator before every iteration. The engine is used directly on numpy
-arrays (framework-agnostic), so the benchmark also runs in an environment without torch.
+lined up with a barrier on a separate communicator before every iteration. The engine is used directly on
+numpy arrays (framework-agnostic), so the benchmark also runs in an environment without torch.
 """
 
 from __future__ import annotations
@@ -132,9 +132,15 @@ def main(argv: list[str] | None = None) -> int:
 
         mb = TENSORS * TENSOR_BYTES / 2**20
         s = engine_settings()
-        print(f"ranks={world.size} nodes={len(world.node_sizes)} mpi={MPI.Get_library_version().splitlines()[0]}")
+        print(
+            f"ranks={world.size} nodes={len(world.node_sizes)} "
+            f"mpi={MPI.Get_library_version().splitlines()[0]}"
+        )
         print(f"engine: cycle {s.cycle_time_ms} ms, fusion threshold {s.fusion_threshold} B")
-        print(f"\n{TENSORS} x {TENSOR_BYTES // 1024} KiB float32 allreduce ({mb:.0f} MiB per step), median of {args.iters}:")
+        print(
+            f"\n{TENSORS} x {TENSOR_BYTES // 1024} KiB float32 allreduce ({mb:.0f} MiB per step), "
+            f"median of {args.iters}:"
+        )
         for label, t in fusion.items():
             print(f"  {label:<14} {t * 1e3:9.2f} ms")
         print(f"  fused vs one by one:    {fusion['one_by_one'] / fusion['fused']:6.1f}x")

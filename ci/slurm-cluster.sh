@@ -248,6 +248,7 @@ sbatch_wait() {   # `sbatch --wait` polls every ~10 s; poll squeue every 0.3 s i
 selftest() {
   local out rc=0
   out=$(mktemp /tmp/hpcring-slurm-test.XXXXXX)
+  # shellcheck disable=SC2016 # expanded by each task, not here
   sbatch_wait -N "$NODES" --ntasks-per-node=1 -t 2 -o "$out" \
     --wrap 'srun bash -c "echo task \$SLURM_PROCID of \$SLURM_NTASKS on \$SLURMD_NODENAME"' || rc=$?
   cat "$out"

@@ -1,9 +1,10 @@
 """Cross-rank agreement on a collective's arguments, so that a mismatch fails everywhere instead of hanging.
 
-Each rank checks its own arguments, then all ranks exchange a small signature (dtype, shapes, op, root, scale
-factors, algorithm) plus any local error in one tiny allgather. Every rank sees the same gathered list, so
-every rank reaches the same verdict: the rank whose argument was bad re-raises its own error, the others raise
-CollectiveError naming it; a disagreement raises CollectiveError on all, naming the ranks and their values.
+Each rank checks its own arguments, then all ranks exchange a digest of a small signature (dtype, shapes, op,
+root, scale factors, algorithm) and an error flag in one tiny allgather. Every rank sees the same table, so
+every rank reaches the same verdict; only if something is wrong are full signatures and messages exchanged:
+the rank whose argument was bad re-raises its own error, the others raise CollectiveError naming it; a
+disagreement raises CollectiveError on all, naming the ranks and their values.
 """
 
 from __future__ import annotations

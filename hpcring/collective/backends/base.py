@@ -4,6 +4,10 @@ Algorithms (ring, hierarchical) are written once against this protocol and never
 the same hierarchical code runs over MPI shared memory + MPI on CPU and over NCCL + MPI on GPU. A transport
 offers point-to-point transfers on contiguous buffers plus the group's own (native) collectives. Buffers are
 numpy arrays here; a GPU transport may accept its own device buffers with the same shapes of call.
+
+Optional attribute: `prefer_native = True` on a transport makes the hierarchical algorithm use that
+transport's own reduce_scatter/allgatherv for its intra-node stages instead of our point-to-point ring (right
+for NCCL; over MPI the ring is faster and steadier, see docs/collectives.md).
 """
 
 from __future__ import annotations

@@ -1,15 +1,15 @@
 """The NCCL transport: a torch.distributed process group per communicator, behind the `Transport` seam.
 
 GPU tensors are reduced inside a node by NCCL (the hierarchical algorithm's intra-node stages) while MPI
-carries the cross-node stage, exactly as the CPU path uses MPI shared memory + MPI. A `TorchTransport` wraps one
-torch.distributed `ProcessGroup` built directly (not through `init_process_group`, so several groups, one per
-communicator, coexist and a user's own `torch.distributed` setup is untouched). The rendezvous uses MPI:
+carries the cross-node stage, exactly as the CPU path uses MPI shared memory + MPI. A `TorchTransport` wraps
+one torch.distributed `ProcessGroup` built directly (not through `init_process_group`, so several groups, one
+per communicator, coexist and a user's own `torch.distributed` setup is untouched). The rendezvous uses MPI:
 rank 0 of the communicator opens a TCPStore on a free port and broadcasts its address.
 
 The same class with backend "gloo" runs on CPU tensors and numpy arrays; that is how the transport logic is
-tested in CI (tests/ranked/torch_ops/test_torch_ops_transport.py), since no GPU is available there.
-To verify on a GPU machine: `hpcring run -np 2 -- python -m pytest tests/ranked/torch_ops/...transport.py`
-with HPCRING_TEST_TRANSPORT=nccl (each rank picks cuda:local_rank).
+tested in CI (tests/ranked/torch_ops/test_torch_ops_transport.py), since no GPU is available there. To verify
+on a GPU machine (each rank uses cuda:LOCAL_RANK): `HPCRING_TEST_TRANSPORT=nccl HPCRING_RANKED=1 hpcring run
+-np 2 -- python -m pytest tests/ranked/torch_ops/test_torch_ops_transport.py`.
 
 Buffers may be numpy arrays (viewed as CPU tensors without a copy) or torch tensors (on the group's device).
 Objects and barriers go through MPI, which every rank has anyway.
@@ -80,7 +80,8 @@ def _rendezvous(comm: Any) -> Any:
     dist = _deps.require("torch.distributed")
     if comm.Get_rank() == 0:
         host = os.environ.get("MASTER_ADDR") or socket.gethostname()
-        store = dist.TCPStore(host, 0, comm.Get_size(), True, timeout=_TIMEOUT)
+        # wait_for_workers=False: the workers learn the port only from the bcast below.
+        store = dist.TCPStore(host, 0, comm.Get_size(), True, timeout=_TIMEOUT, wait_for_workers=False)
         address = comm.bcast((host, store.port, uuid.uuid4().hex), root=0)
     else:
         address = comm.bcast(None, root=0)
@@ -147,7 +148,7 @@ class TorchTransport:
         self.pg.allreduce([t], opts).wait()
 
     def reduce_scatter(self, sendbuf: NDArray, recvbuf: NDArray, counts: Sequence[int], op: ReduceOp) -> None:
-        """Allreduce of a copy, then this rank's slice (process groups need equal parts for reduce_scatter)."""
+        """Allreduce of a copy, then this rank's slice (process groups want equal reduce_scatter parts)."""
         tmp = _tensor(sendbuf).clone()
         self.allreduce(tmp, op)
         lo = sum(counts[: self._rank])

@@ -22,6 +22,7 @@ cached requests that wait too long are re-announced through the table so they ar
 from __future__ import annotations
 
 import atexit
+import functools
 import logging
 import threading
 import time
@@ -53,9 +54,11 @@ _IDLE_WAIT_S = 0.02
 _STALL_CHECK_EVERY_S = 1.0
 _SPIN_S = 200e-6
 _MIN_BACKOFF_S = 50e-6
-_MAX_BACKOFF_S = 2e-3
+_MAX_BACKOFF_S = 500e-6
+_FULL_WORD = (1 << 64) - 1
 
 
+@functools.lru_cache(maxsize=64)
 def numpy_dtype(name: str) -> np.dtype[Any]:
     """numpy dtype from the agreed dtype name (bfloat16 comes from ml_dtypes)."""
     if name == "bfloat16":
@@ -348,8 +351,8 @@ class Engine:
 
         With requests in flight the next cycle starts `period` after this one (the fusion window: requests
         submitted meanwhile are negotiated together). With nothing in flight on this rank a submit wakes the
-        thread at once, so a lone synchronous op does not pay the window; after many idle cycles the wait grows
-        to _IDLE_WAIT_S (still woken by a submit) to leave the CPU to the training.
+        thread at once, so a lone synchronous op does not pay the window; after many idle cycles the wait
+        grows to _IDLE_WAIT_S (still woken by a submit) to leave the CPU to the training.
         """
         with self._lock:
             if self._closed:
@@ -434,8 +437,9 @@ class Engine:
                     st.outbox.append(req)
 
     def _vector(self, st: _SetState) -> NDArray:
+        """[flags, hit words, absent words]. Bit b of `hit`: "I have cached request b pending (or joined)";
+        of `absent`: "I do not have it". After the AND, hit & ~absent = ready and wanted by some rank."""
         words = st.cache.words
-        vec = np.zeros(1 + 2 * words, dtype=np.uint64)
         flags = _ALL_FLAGS
         if st.outbox:
             flags &= ~_NO_NEW
@@ -443,22 +447,17 @@ class Engine:
             flags &= ~_NO_SHUTDOWN
         if st.abort:
             flags &= ~_NO_ABORT
-        vec[0] = flags
-        if words == 0:
-            return vec
-        hit = np.zeros(words * 64, dtype=bool)
-        has = np.zeros(words * 64, dtype=bool)
+        hit = [0] * words
         for bit in st.cached_wait:
-            hit[bit] = has[bit] = True
+            hit[bit >> 6] |= 1 << (bit & 63)
+        absent = [_FULL_WORD ^ w for w in hit]
         if st.local_join is not None:
             # A joined rank agrees to every cached op it is not itself waiting on through the table.
-            pending = set(st.inflight)
+            pending = st.inflight
             for bit in st.cache.bits():
                 if st.cache.signature(bit).name not in pending:
-                    hit[bit] = True
-        vec[1 : 1 + words] = np.packbits(hit, bitorder="little").view(np.uint64)
-        vec[1 + words :] = np.packbits(~has, bitorder="little").view(np.uint64)
-        return vec
+                    hit[bit >> 6] |= 1 << (bit & 63)
+        return np.array([flags, *hit, *absent], dtype=np.uint64)
 
     def _negotiate(self, st: _SetState, timeline: Timeline | None) -> tuple[list[Response], int, bool]:
         """Steps 1 and 2 of the module docstring; returns (ready responses, agreed flags, busy)."""
@@ -471,13 +470,14 @@ class Engine:
             return [], flags, True
         responses: list[Response] = []
         words = st.cache.words
-        if words:
-            hit = np.unpackbits(vec[1 : 1 + words].view(np.uint8), bitorder="little").astype(bool)
-            nobody = np.unpackbits(vec[1 + words :].view(np.uint8), bitorder="little").astype(bool)
-            for bit in np.flatnonzero(hit & ~nobody):
-                b = int(bit)
+        for w in range(words):
+            ready = int(vec[1 + w]) & ~int(vec[1 + words + w])
+            while ready:  # bits in increasing order: the same order on every rank
+                low = ready & -ready
+                b = (w << 6) + low.bit_length() - 1
                 responses.append(Response(st.cache.signature(b), st.cached_wait.pop(b, None)))
-            self.stats["cache_hits"] += len(responses)
+                ready ^= low
+        self.stats["cache_hits"] += len(responses)
         if not flags & _NO_NEW:
             self._exchange(st, timeline, now)
         responses.extend(self._table_ready(st, timeline))
@@ -486,7 +486,7 @@ class Engine:
             self._check_stalls(st, now)
         busy = bool(responses or st.table or st.cached_wait or st.outbox or not flags & _NO_NEW)
         if words and not busy:
-            busy = not bool(np.all(vec[1 + words :] == np.iinfo(np.uint64).max))
+            busy = any(int(w) != _FULL_WORD for w in vec[1 + words :])
         return responses, flags, busy
 
     def _exchange(self, st: _SetState, timeline: Timeline | None, now: float) -> None:
@@ -653,42 +653,55 @@ class Engine:
             )
             if err is not exc:
                 err.__cause__ = exc
-            for r in batch:
-                self._finish(st, r, error=err)
+            self._finish_many(st, batch, [None] * len(batch), err)
             return
-        for r, result in zip(batch, results, strict=True):
+        for r in batch:
             if r.sig.op_type in CACHEABLE:
                 evicted = st.cache.put(r.sig)
                 if evicted is not None and evicted in st.cached_wait:
                     st.outbox.append(st.cached_wait.pop(evicted))
-            self._finish(st, r, result=result)
+        self._finish_many(st, batch, results)
 
-    def _finish(
-        self, st: _SetState, r: Response, *, result: Any = None, error: BaseException | None = None
+    def _finish_many(
+        self, st: _SetState, batch: list[Response], results: list[Any], error: BaseException | None = None
     ) -> None:
-        req = r.local
-        if req is None:
-            return
+        """Hand results (or the error) to this rank's requests; one lock round for the whole batch."""
+        reqs = [r.local for r in batch]
         with self._lock:
-            if st.inflight.get(req.sig.name) is req:
-                del st.inflight[req.sig.name]
-        if error is not None:
-            req.handle.set_error(error)
-        else:
-            req.handle.set_result(result)
+            for req in reqs:
+                if req is not None and st.inflight.get(req.sig.name) is req:
+                    del st.inflight[req.sig.name]
+        for req, result in zip(reqs, results, strict=True):
+            if req is None:
+                continue
+            if error is not None:
+                req.handle.set_error(error)
+            else:
+                req.handle.set_result(result)
+
+    def _reduce(self, st: _SetState, src: NDArray, dst: NDArray, sig: Signature) -> None:
+        """dst = allreduce(src) with the agreed op and scale factors (dst may be src).
+
+        Calls the collective library's algorithm entry point directly: the arguments were checked at submit
+        and agreed in negotiation, so `hpcring.collective.allreduce`'s per-call checks would only add latency.
+        """
+        from hpcring.collective import api, dtypes
+        from hpcring.collective.ops import ReduceOp
+
+        op = ReduceOp(sig.reduce_op)
+        flat_src = src.reshape(-1)
+        flat_dst = flat_src if dst is src else dst.reshape(-1)
+        if sig.prescale != 1.0:
+            if flat_dst is not flat_src:
+                flat_dst[...] = flat_src
+            dtypes.scale(flat_dst, sig.prescale)
+            flat_src = flat_dst
+        api.run_allreduce(st.topology, flat_src, flat_dst, op, self.settings.allreduce_algorithm)
+        dtypes.scale(flat_dst, sig.postscale / st.size if op is ReduceOp.AVERAGE else sig.postscale)
 
     def _allreduce(self, st: _SetState, batch: list[Response], timeline: Timeline | None) -> list[Any]:
-        from hpcring.collective import api
-
         sig = batch[0].sig
         dtype = numpy_dtype(sig.dtype)
-        kwargs: dict[str, Any] = {
-            "prescale_factor": sig.prescale,
-            "postscale_factor": sig.postscale,
-            "algorithm": self.settings.allreduce_algorithm,
-            "topology": st.topology,
-            "validate": False,
-        }
         names = [r.sig.name for r in batch]
         if len(batch) == 1:
             req = batch[0].local
@@ -699,7 +712,7 @@ class Engine:
             )
             dst = req.output if req is not None and req.output is not None else src
             with self._span(timeline, names, "COLLECTIVE"):
-                api.allreduce(src, sig.reduce_op, out=dst, **kwargs)
+                self._reduce(st, src, dst, sig)
             return [dst]
         counts = [r.sig.count for r in batch]
         buf = st.fusion_view(dtype, sum(counts))
@@ -713,7 +726,7 @@ class Engine:
                     part[...] = _neutral(sig.reduce_op, dtype, (n,))
                 off += n
         with self._span(timeline, names, "COLLECTIVE"):
-            api.allreduce(buf, sig.reduce_op, out=buf, **kwargs)
+            self._reduce(st, buf, buf, sig)
         results: list[Any] = []
         with self._span(timeline, names, "MEMCPY_OUT_FUSION_BUFFER"):
             off = 0

@@ -7,6 +7,7 @@ zero-copy numpy views before they submit and turn results back into tensors afte
 from __future__ import annotations
 
 import enum
+import functools
 import threading
 import time
 from dataclasses import dataclass, field
@@ -58,7 +59,7 @@ class Signature:
     device: str = "cpu"
     extra: tuple[int, ...] = ()
 
-    @property
+    @functools.cached_property
     def count(self) -> int:
         """Elements in the agreed shape (0 for ragged ops, whose first dimension is not agreed)."""
         n = 1

@@ -16,6 +16,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -54,6 +55,46 @@ class Cluster:
     nodes: int
     cpus_per_node: int
     up_seconds: float
+
+
+_SESSION: dict[str, Cluster | str] = {}
+
+
+@pytest.fixture(scope="session", name="slurm_cluster")
+def slurm_cluster_fixture(request: pytest.FixtureRequest) -> Cluster:
+    """The running cluster: brought up on first use, torn down when the pytest session ends, even on failure.
+
+    This lives here, not in a conftest.py: a second conftest.py (without __init__.py) would replace the
+    module `conftest` that tests elsewhere import helpers from. Test modules import the fixture; pytest keeps
+    one fixture definition per importing module, so the state is kept here and the cluster starts once.
+    """
+    reason = skip_reason()
+    if reason:
+        pytest.skip(reason)
+    state = _SESSION.get("cluster")
+    if isinstance(state, str):
+        pytest.fail(state)  # `up` already failed this session: do not retry for every module
+    if state is None:
+        t0 = time.monotonic()
+
+        def down() -> None:
+            res = cluster_sh("down", timeout=120)
+            sys.stderr.write(
+                f"\n[slurm] down rc={res.returncode}; {time.monotonic() - t0:.1f} s after up began\n"
+            )
+
+        request.config.add_cleanup(down)  # registered before `up`, so a half-started cluster is stopped too
+        up = cluster_sh("up", timeout=600)  # a cold apt install takes ~10-30 s; the limit only guards a hang
+        if up.returncode != 0:
+            _SESSION["cluster"] = (
+                f"ci/slurm-cluster.sh up failed ({up.returncode}):\n{up.stdout}\n{up.stderr}"
+            )
+            pytest.fail(str(_SESSION["cluster"]))
+        cpus = int(scontrol_node("node1")["CPUTot"])
+        state = Cluster(nodes=NODES, cpus_per_node=cpus, up_seconds=time.monotonic() - t0)
+        sys.stderr.write(f"\n[slurm] cluster up in {state.up_seconds:.1f} s ({NODES} nodes x {cpus} CPUs)\n")
+        _SESSION["cluster"] = state
+    return state
 
 
 @dataclass(frozen=True)
@@ -128,15 +169,19 @@ def wait_job(job_id: int, timeout: float) -> tuple[str, int]:
         time.sleep(0.3)
 
 
-def sbatch(
-    script: Path,
-    out: Path,
-    *,
-    args: Sequence[str] = (),
-    env: dict[str, str] | None = None,
-    timeout: float = 120,
-) -> Job:
-    """Submit `script` (its output goes to `out`), wait for it, and return how it ended."""
+@dataclass(frozen=True)
+class Submitted:
+    """A job handed to sbatch and not yet waited for."""
+
+    job_id: int
+    out: Path
+    t0: float
+
+
+def submit(
+    script: Path, out: Path, *, args: Sequence[str] = (), env: dict[str, str] | None = None
+) -> Submitted:
+    """Submit `script` with its output going to `out`; returns at once (see `finish`)."""
     t0 = time.monotonic()
     sub = subprocess.run(
         ["timeout", "60", "sbatch", "--parsable", "-o", str(out), *args, str(script)],
@@ -147,10 +192,26 @@ def sbatch(
         check=False,
     )
     assert sub.returncode == 0, f"sbatch refused {script}:\n{sub.stderr}"
-    job_id = int(sub.stdout.strip().split(";")[0])
-    state, code = wait_job(job_id, timeout)
-    output = out.read_text(errors="replace") if out.exists() else ""
-    return Job(job_id, state, code, output, time.monotonic() - t0)
+    return Submitted(int(sub.stdout.strip().split(";")[0]), out, t0)
+
+
+def finish(job: Submitted, timeout: float = 120) -> Job:
+    """Wait for a submitted job (cancelling it after `timeout` s) and return how it ended."""
+    state, code = wait_job(job.job_id, timeout)
+    output = job.out.read_text(errors="replace") if job.out.exists() else ""
+    return Job(job.job_id, state, code, output, time.monotonic() - job.t0)
+
+
+def sbatch(
+    script: Path,
+    out: Path,
+    *,
+    args: Sequence[str] = (),
+    env: dict[str, str] | None = None,
+    timeout: float = 120,
+) -> Job:
+    """Submit `script` (its output goes to `out`), wait for it, and return how it ended."""
+    return finish(submit(script, out, args=args, env=env), timeout)
 
 
 def read_reports(directory: Path) -> list[dict[str, object]]:
@@ -171,6 +232,11 @@ def hpcring_cli(
         env=job_env(env),
         check=False,
     )
+
+
+def flavour_env(flavour: str) -> dict[str, str]:
+    """Job environment whose PATH finds that flavour's mpirun/mpiexec first (a site's `module load`)."""
+    return {"PATH": f"{python_for(flavour).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
 
 
 def python_for(flavour: str) -> Path:

@@ -11,7 +11,13 @@ import subprocess
 import time
 
 import pytest
-from slurm_jobs import NODES, Cluster, cluster_sh, scontrol_node
+from slurm_jobs import (  # noqa: F401 (slurm_cluster_fixture registers the `slurm_cluster` fixture)
+    NODES,
+    Cluster,
+    cluster_sh,
+    scontrol_node,
+    slurm_cluster_fixture,
+)
 
 pytestmark = pytest.mark.integration
 

