@@ -14,6 +14,7 @@ from hpcring.errors import ConfigError, choices
 ALGORITHMS: tuple[str, ...] = ("auto", "native", "ring", "hierarchical")
 ALGORITHM_ENV = "HPCRING_ALLREDUCE_ALGORITHM"
 CHUNK_ENV = "HPCRING_RING_CHUNK_BYTES"
+SEGMENT_ENV = "HPCRING_HIER_SEGMENT_BYTES"
 
 # Thresholds of the auto rule (see docs/collectives.md, "How auto chooses").
 RING_MIN_BYTES = 1 << 20  # from here on our pipelined ring beats MPI's allreduce on one node
@@ -67,4 +68,21 @@ def chunk_bytes(default: int) -> int:
         value = 0
     if value < 1:
         raise ConfigError(f"{CHUNK_ENV}={raw!r} is invalid; allowed: a positive number of bytes")
+    return value
+
+
+def segment_bytes(default: int) -> int:
+    """Hierarchical pipeline segment size: $HPCRING_HIER_SEGMENT_BYTES or `default` (a tuning knob); 0 turns
+    the pipeline off (the three stages then run one after another on the whole buffer)."""
+    raw = os.environ.get(SEGMENT_ENV, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ConfigError(
+            f"{SEGMENT_ENV}={raw!r} is invalid; allowed: a positive number of bytes, or 0 for no pipelining"
+        )
     return value

@@ -206,3 +206,21 @@ def test_phase_seam_reports_to_the_listener() -> None:
     finally:
         phases.set_listener(None)
     assert seen == [("INTRA_REDUCE_SCATTER", True), ("INTRA_REDUCE_SCATTER", False)]
+
+
+def test_timeline_reopened_in_the_same_process_continues_the_file(tmp_path: Path) -> None:
+    """A re-initialised engine writing to the same path keeps one valid trace instead of truncating it."""
+    path = tmp_path / "tl.json"
+    first = Timeline(str(path))
+    first.begin("a", "ALLREDUCE")
+    first.end("a", "ALLREDUCE")
+    first.close()
+    assert json.loads(path.read_text())  # valid after the first close
+    second = Timeline(str(path))
+    second.begin("b", "ALLGATHER")
+    second.end("b", "ALLGATHER")
+    second.close()
+    events = json.loads(path.read_text())
+    spans = [(e["name"], e["ph"]) for e in events if e["ph"] in "BE"]
+    assert spans == [("ALLREDUCE", "B"), ("ALLREDUCE", "E"), ("ALLGATHER", "B"), ("ALLGATHER", "E")]
+    assert sum(1 for e in events if e["name"] == "trace_end") == 1

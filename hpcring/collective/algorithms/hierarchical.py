@@ -7,6 +7,14 @@ cross-node group (`shard_groups[j]`) holds one rank per node. With equal nodes t
 (owner of shard j = local rank j, shard j's group = the cross communicator); with unequal nodes the ranks of a
 smaller node own several shards and take part in several cross groups, always in increasing shard order so two
 blocking groups can never wait on each other.
+
+Large buffers are pipelined (docs/collectives.md, "Hierarchical pipeline"): the buffer is cut into segments of
+about `segment_bytes`, each with the same shard cut, and while segment k crosses the network (non-blocking
+point-to-point ring steps, `CrossRing`) the node reduce-scatters segment k+1 and allgathers an earlier
+segment. Run one after another the node-local stages add their whole time to the link time; pipelined they
+hide under it, as the flat ring hides its own in-node edges. No thread is needed: MPI progresses every
+pending request, on every communicator, whenever the rank waits on any one, and the node-local stages wait
+on their own messages every chunk.
 """
 
 from __future__ import annotations
@@ -17,7 +25,13 @@ from typing import Any
 
 import numpy as np
 
-from hpcring.collective.algorithms.chunks import bounds, offsets, owned_shards
+from hpcring.collective.algorithms.chunks import (
+    bounds,
+    offsets,
+    owned_shards,
+    ring_gather_segment,
+    ring_reduce_segment,
+)
 from hpcring.collective.algorithms.native import native_allreduce
 from hpcring.collective.algorithms.ring import (
     DEFAULT_CHUNK_BYTES,
@@ -26,11 +40,20 @@ from hpcring.collective.algorithms.ring import (
     ring_reduce_scatter,
 )
 from hpcring.collective.algorithms.workspace import scratch
-from hpcring.collective.backends.base import Transport
-from hpcring.collective.ops import ReduceOp
-from hpcring.collective.selection import choose_algorithm
+from hpcring.collective.backends.base import Request, Transport
+from hpcring.collective.ops import ReduceOp, ufunc
+from hpcring.collective.selection import choose_algorithm, segment_bytes
 
 NDArray = np.ndarray[Any, Any]
+
+# Pipeline segment: small enough that the first reduce-scatter and the last allgather (the only node-local
+# work the link cannot hide) are short, large enough that per-segment Python and message overheads stay small.
+DEFAULT_SEGMENT_BYTES = 4 << 20
+# Iterations a segment's cross-node ring waits after its start before its first step completes: the link then
+# always has about this many segments queued while the rank is busy inside the node.
+PIPELINE_LAG = 1
+_TAG_CROSS = 0x4860  # + in-flight slot; ring.py uses 0x4852/0x4853
+_SLOTS = 16  # distinct tags/scratch for segments in flight at once (at most PIPELINE_LAG + 2(N-1))
 
 
 @dataclass(frozen=True)
@@ -73,33 +96,194 @@ def _native_inside(local: Transport, buf: NDArray, op: ReduceOp) -> bool:
     return local.size > 1 and bool(getattr(local, "prefer_native", False)) and local.can_reduce(buf.dtype, op)
 
 
-def hierarchical_allreduce(
-    layout: NodeLayout, src: NDArray, dst: NDArray, op: ReduceOp, chunk_bytes: int = DEFAULT_CHUNK_BYTES
+def segment_count(nbytes: int, count: int, seg_bytes: int) -> int:
+    """How many pipeline segments a buffer of `count` items (`nbytes` bytes) is cut into; 1 = no pipeline.
+
+    The same on every rank (it depends on the agreed size only). 0 < `seg_bytes` cuts into ceil(nbytes /
+    seg_bytes) balanced segments, never more than there are items; `seg_bytes` = 0 turns pipelining off."""
+    if seg_bytes <= 0 or nbytes <= seg_bytes:
+        return 1
+    return max(1, min(count, -(-nbytes // seg_bytes)))
+
+
+def finish_iteration(segment: int, cross_steps: int, lag: int = PIPELINE_LAG) -> int:
+    """Pipeline iteration in which `segment`'s cross-node ring completes and its allgather runs.
+
+    Segment k starts (node reduce-scatter, first cross messages posted) in iteration k. Its cross ring has
+    `cross_steps` steps; step s (1-based) is completed in iteration k + lag + s - 1, each completion waiting
+    only on messages posted in an earlier iteration, which is what makes the schedule deadlock-free: all the
+    ranks of a node run the node stages of an iteration together, and whatever a rank waits for across nodes
+    was already posted by its peer. With no cross steps (one node) the allgather follows at once."""
+    return segment if cross_steps == 0 else segment + lag + cross_steps - 1
+
+
+class CrossRing:
+    """Ring allreduce of one buffer over one cross-node group, completed one step per `advance` call.
+
+    The same schedule as `ring.ring_allreduce` (n-1 reduce-scatter steps, n-1 allgather steps; for a 2-member
+    group it is one exchange of halves, a local reduction and one exchange back: link-optimal), but each step
+    is a single non-blocking message per direction so the caller can do node-local work between steps. A
+    step's sends are completed before the next step's receives are posted, so a receive never lands in a
+    region an earlier send may still be reading.
+    """
+
+    def __init__(self, t: Transport, buf: NDArray, op: ReduceOp, slot: int) -> None:
+        self.t, self.buf, self.tag = t, buf, _TAG_CROSS + slot
+        self.seg = bounds(buf.size, t.size)
+        self.steps = 0 if t.size == 1 or buf.size == 0 else 2 * (t.size - 1)
+        self.step = 0
+        self.combine = ufunc(op, buf.dtype)
+        self.tmp = scratch(
+            f"hier.cross{slot}", max(b - a for a, b in zip(self.seg, self.seg[1:], strict=False)), buf.dtype
+        )
+        self.sends: list[Request] = []
+        self.recv: Request | None = None
+        self.recv_seg = -1
+        if self.steps:
+            self._post(0)
+
+    def _post(self, step: int) -> None:
+        """Post step `step`: receive (into scratch to reduce, or in place to gather), then send."""
+        n, r, seg = self.t.size, self.t.rank, self.seg
+        if step < n - 1:
+            send, recv = ring_reduce_segment(r, n, step)
+            into = self.tmp[: seg[recv + 1] - seg[recv]]
+        else:
+            send, recv = ring_gather_segment(r, n, step - (n - 1))
+            into = self.buf[seg[recv] : seg[recv + 1]]
+        self.recv_seg = recv
+        self.recv = self.t.irecv(into, (r - 1) % n, self.tag)
+        self.sends.append(self.t.isend(self.buf[seg[send] : seg[send + 1]], (r + 1) % n, self.tag))
+
+    def advance(self) -> None:
+        """Complete the current step (wait, reduce) and post the next one, if any."""
+        assert self.recv is not None and self.step < self.steps
+        n, seg, b = self.t.size, self.seg, self.recv_seg
+        self.recv.wait()
+        if self.step < n - 1:
+            part = self.buf[seg[b] : seg[b + 1]]
+            self.combine(self.tmp[: part.size], part, out=part)
+        self.t.wait_all(self.sends)
+        self.sends = []
+        self.step += 1
+        if self.step < self.steps:
+            self._post(self.step)
+
+
+@dataclass(frozen=True)
+class _Segment:
+    """One pipeline segment: its place in the buffer and the node-local split of it."""
+
+    lo: int
+    hi: int
+    counts: list[int]  # elements each local rank owns of this segment after the reduce-scatter
+    mine: int  # offset (in the segment) of this rank's run of shards
+
+
+def _segment(layout: NodeLayout, lo: int, hi: int) -> _Segment:
+    counts = local_counts(hi - lo, layout.shards, layout.local.size)
+    return _Segment(lo, hi, counts, sum(counts[: layout.local.rank]))
+
+
+def _node_reduce_scatter(
+    local: Transport, src: NDArray, dst: NDArray, s: _Segment, op: ReduceOp, chunk_bytes: int, in_place: bool
 ) -> None:
-    """dst = reduction of every rank's src (1-D; dst may be src)."""
-    local, count = layout.local, src.size
-    if count == 0:
-        return
-    counts = local_counts(count, layout.shards, local.size)
-    lo = sum(counts[: local.rank])
-    mine = dst[lo : lo + counts[local.rank]]
-    # 1) intra-node reduce-scatter: this rank's run of shards, reduced over the node, lands in place in dst.
+    """Stage 1 on one segment: this rank's run of shards, reduced over the node, lands in place in dst."""
+    sv, dv = src[s.lo : s.hi], dst[s.lo : s.hi]
+    mine = dv[s.mine : s.mine + s.counts[local.rank]]
     if local.size == 1:
-        if dst is not src:
-            dst[...] = src
-    elif _native_inside(local, src, op):
-        out = mine if dst is not src else scratch("hier.rs", counts[local.rank], src.dtype)
-        local.reduce_scatter(src, out, counts, op)
+        if not in_place:
+            dv[...] = sv
+    elif _native_inside(local, sv, op):
+        out = mine if not in_place else scratch("hier.rs", s.counts[local.rank], src.dtype)
+        local.reduce_scatter(sv, out, s.counts, op)
         if out is not mine:
             mine[...] = out
     else:  # our ring: 2-5x faster than Open MPI's MPI_Reduce_scatter (docs/collectives.md), any dtype
-        ring_reduce_scatter(local, src, mine, offsets(counts), op, chunk_bytes)
+        ring_reduce_scatter(local, sv, mine, offsets(s.counts), op, chunk_bytes)
+
+
+def _node_allgather(local: Transport, dst: NDArray, s: _Segment, op: ReduceOp, chunk_bytes: int) -> None:
+    """Stage 3 on one segment (our ring: MPI_Allgatherv is erratic across MPIs)."""
+    dv = dst[s.lo : s.hi]
+    if _native_inside(local, dv, op):
+        local.allgatherv(dv, s.counts)
+    else:
+        ring_allgather(local, dv, offsets(s.counts), max(1, chunk_bytes // dst.dtype.itemsize))
+
+
+def _pipelinable(layout: NodeLayout) -> bool:
+    """Pipelining uses numpy reductions between point-to-point steps across nodes; a transport that asks for
+    its own collectives (`prefer_native`, e.g. NCCL on device buffers) keeps the one-after-another stages."""
+    groups = [layout.local, *layout.shard_groups.values()]
+    return not any(getattr(t, "prefer_native", False) for t in groups)
+
+
+def hierarchical_allreduce(
+    layout: NodeLayout,
+    src: NDArray,
+    dst: NDArray,
+    op: ReduceOp,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    seg_bytes: int | None = None,
+) -> None:
+    """dst = reduction of every rank's src (1-D; dst may be src). `seg_bytes`: pipeline segment size (None:
+    $HPCRING_HIER_SEGMENT_BYTES or DEFAULT_SEGMENT_BYTES; 0: no pipelining)."""
+    count = src.size
+    if count == 0:
+        return
+    seg_bytes = segment_bytes(DEFAULT_SEGMENT_BYTES) if seg_bytes is None else seg_bytes
+    k = segment_count(src.nbytes, count, seg_bytes)
+    if k == 1 or not _pipelinable(layout):
+        _one_after_another(layout, src, dst, op, chunk_bytes)
+    else:
+        _pipelined(layout, src, dst, op, chunk_bytes, k)
+
+
+def _one_after_another(
+    layout: NodeLayout, src: NDArray, dst: NDArray, op: ReduceOp, chunk_bytes: int
+) -> None:
+    """The three stages on the whole buffer, one after another (small buffers: fewest messages)."""
+    local = layout.local
+    s = _segment(layout, 0, src.size)
+    _node_reduce_scatter(local, src, dst, s, op, chunk_bytes, dst is src)
     # 2) inter-node allreduce of each owned shard, in increasing shard order on every rank.
-    sb = bounds(count, layout.shards)
+    sb = bounds(src.size, layout.shards)
     for shard in sorted(layout.shard_groups):
         flat_allreduce(layout.shard_groups[shard], dst[sb[shard] : sb[shard + 1]], op, chunk_bytes)
-    # 3) intra-node allgather of the reduced runs (our ring: MPI_Allgatherv is erratic across MPIs).
-    if _native_inside(local, src, op):
-        local.allgatherv(dst, counts)
-    else:
-        ring_allgather(local, dst, offsets(counts), chunk_bytes)
+    _node_allgather(local, dst, s, op, chunk_bytes)
+
+
+def _pipelined(
+    layout: NodeLayout, src: NDArray, dst: NDArray, op: ReduceOp, chunk_bytes: int, k: int
+) -> None:
+    """Segments through the three stages, overlapped (see `finish_iteration` for the schedule)."""
+    local, in_place = layout.local, dst is src
+    cut = bounds(src.size, k)
+    segments = [_segment(layout, cut[i], cut[i + 1]) for i in range(k)]
+    steps = 2 * (_cross_size(layout) - 1)
+    rings: dict[int, list[CrossRing]] = {}
+    for it in range(finish_iteration(k - 1, steps) + 1):
+        if it < k:
+            s = segments[it]
+            _node_reduce_scatter(local, src, dst, s, op, chunk_bytes, in_place)
+            sb = bounds(s.hi - s.lo, layout.shards)
+            rings[it] = [
+                CrossRing(layout.shard_groups[j], dst[s.lo + sb[j] : s.lo + sb[j + 1]], op, it % _SLOTS)
+                for j in sorted(layout.shard_groups)
+            ]
+        # Newest first: its messages were posted before the older segment's, so they arrive first.
+        for seg in sorted(rings, reverse=True):
+            if it >= seg + PIPELINE_LAG:
+                for ring in rings[seg]:
+                    if ring.step < ring.steps:
+                        ring.advance()
+        done = [seg for seg in sorted(rings) if finish_iteration(seg, steps) == it]
+        for seg in done:
+            del rings[seg]
+            _node_allgather(local, dst, segments[seg], op, chunk_bytes)
+
+
+def _cross_size(layout: NodeLayout) -> int:
+    """Members of every cross-node shard group (one rank per node: the same for every group)."""
+    return next(iter(layout.shard_groups.values())).size if layout.shard_groups else 1

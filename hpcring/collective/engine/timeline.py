@@ -16,24 +16,45 @@ import threading
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import IO, Any
+
+
+@dataclass
+class _Resume:
+    """Where a closed trace can be continued: the offset of its closing event, its rows, its clock origin."""
+
+    offset: int
+    pids: dict[str, int]
+    t0: float
+
+
+_CLOSED: dict[str, _Resume] = {}
 
 
 class Timeline:
     """Thread-safe writer of one trace file."""
 
     def __init__(self, path: str, *, mark_cycles: bool = False, rank: int = 0) -> None:
-        self.path = path
+        self.path = os.path.abspath(path)
         self.mark_cycles = mark_cycles
         self.rank = rank
-        parent = os.path.dirname(os.path.abspath(path))
-        os.makedirs(parent, exist_ok=True)
-        self._file: IO[str] | None = open(path, "w", encoding="utf-8")  # noqa: SIM115 - closed in close()
-        self._file.write("[\n")
         self._lock = threading.Lock()
-        self._pids: dict[str, int] = {}
+        self._last_flush = time.monotonic()
+        earlier = _CLOSED.pop(self.path, None)
+        if earlier is not None and os.path.exists(self.path) and os.path.getsize(self.path) >= earlier.offset:
+            # Written and closed earlier by this process (an engine before a shutdown/init, or an earlier
+            # start/stop): continue the same trace, so a re-initialised job keeps one valid file.
+            self._file: IO[str] | None = open(self.path, "r+", encoding="utf-8")  # noqa: SIM115 - see close()
+            self._file.seek(earlier.offset)
+            self._file.truncate()
+            self._pids, self._t0 = earlier.pids, earlier.t0
+            return
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        self._file = open(self.path, "w", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        self._file.write("[\n")
+        self._pids = {}
         self._t0 = time.monotonic()
-        self._last_flush = self._t0
         self._write(
             {"name": "process_name", "ph": "M", "pid": 0, "args": {"name": f"hpcring engine (rank {rank})"}}
         )
@@ -124,9 +145,11 @@ class Timeline:
                 self.end(t, phase, when=now)
 
     def close(self) -> None:
+        """Terminate the JSON array (valid file); a later Timeline on the same path continues it."""
         with self._lock:
             if self._file is None:
                 return
+            _CLOSED[self.path] = _Resume(self._file.tell(), self._pids, self._t0)
             self._file.write(
                 json.dumps(
                     {"name": "trace_end", "ph": "i", "s": "g", "ts": self._ts(None), "pid": 0, "tid": 0}

@@ -109,6 +109,7 @@ class Job:
 
 
 def cluster_sh(cmd: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    """Run `ci/slurm-cluster.sh CMD` with the shape the profiles describe (2 nodes x 2 real cores, bound)."""
     env = {**os.environ, "HPCRING_SLURM_NODES": str(NODES), "HPCRING_SLURM_CPUS": str(CPUS)}
     env["HPCRING_SLURM_TASK"] = "affinity"
     return subprocess.run(
@@ -161,7 +162,8 @@ def wait_job(job_id: int, timeout: float) -> tuple[str, int]:
             text=True,
             check=False,
         )
-        if st.returncode != 0 or not st.stdout.strip():
+        # Done when squeue no longer lists it; a controller that briefly does not answer is polled again.
+        if (st.returncode == 0 and not st.stdout.strip()) or "Invalid job id" in st.stderr:
             return _job_info(job_id)
         if time.monotonic() > deadline:
             subprocess.run(["timeout", "30", "scancel", str(job_id)], check=False)
