@@ -4,11 +4,12 @@
 
 One launch runs both: every rank initialises hpcring (MPI) and torch.distributed with the gloo backend (from
 the MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE the launcher exports), builds the same model twice from one seed
-and trains each on the same batches. The two are timed in alternating rounds, so load from anything else on
-the machine hits both alike; each round's median step time gives a ratio hpcring/DDP, and the median ratio
-over rounds is the headline (target: <= 1.0, i.e. no slower than DDP). A compute-only run (no communication)
-shows how much of a step is communication at all. At the end the two models must hold the same weights:
-both implement the same synchronous SGD, so a difference would mean one of them is wrong.
+and trains each on the same batches. Steps alternate (hpcring, DDP, compute-only, then the reverse order), so
+load from anything else on the machine hits both alike; step i of hpcring over step i of DDP is one paired
+ratio, and the median paired ratio is the headline (target: <= 1.0, i.e. no slower than DDP). The
+compute-only model (no communication) shows how much of a step is communication at all. At the end the two
+models must hold the same weights: both implement the same synchronous SGD, so a difference would mean one
+of them is wrong.
 """
 
 from __future__ import annotations
@@ -37,10 +38,7 @@ def _env_int(name: str, default: int) -> int:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument(
-        "--steps", type=int, default=_env_int("HPCRING_BENCH_STEPS", 20), help="timed steps per round"
-    )
-    p.add_argument(
-        "--rounds", type=int, default=_env_int("HPCRING_BENCH_ROUNDS", 7), help="alternating rounds"
+        "--steps", type=int, default=_env_int("HPCRING_BENCH_STEPS", 150), help="timed steps of each"
     )
     p.add_argument(
         "--warmup", type=int, default=_env_int("HPCRING_BENCH_WARMUP", 5), help="untimed steps first"
@@ -79,15 +77,12 @@ class Trainer:
         self.opt.step()
 
 
-def time_steps(step: Callable[[], None], n: int) -> list[float]:
-    """Per-step wall times; a barrier ends each step, so the slowest rank sets the pace (as in training)."""
-    out = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        step()
-        dist.barrier()
-        out.append(time.perf_counter() - t0)
-    return out
+def time_step(step: Callable[[], None]) -> float:
+    """Wall time of one step; a barrier ends it, so the slowest rank sets the pace (as in training)."""
+    t0 = time.perf_counter()
+    step()
+    dist.barrier()
+    return time.perf_counter() - t0
 
 
 def build(args: argparse.Namespace) -> dict[str, Trainer]:
@@ -114,12 +109,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for t in trainers.values():
         for _ in range(args.warmup):
             t.step()
-    rounds: dict[str, list[float]] = {name: [] for name in trainers}
-    for r in range(args.rounds):
-        order = list(trainers) if r % 2 == 0 else list(reversed(trainers))  # neither always goes first
-        for name in order:
-            rounds[name].append(statistics.median(time_steps(trainers[name].step, args.steps)))
-    ratios = [h / d for h, d in zip(rounds["hpcring"], rounds["ddp"], strict=True)]
+    times: dict[str, list[float]] = {name: [] for name in trainers}
+    names = list(trainers)
+    for i in range(args.steps):
+        for name in names if i % 2 == 0 else reversed(names):  # neither always goes first
+            times[name].append(time_step(trainers[name].step))
+    # Paired ratios: step i of hpcring against step i of DDP, taken moments apart under the same load.
+    ratios = sorted(h / d for h, d in zip(times["hpcring"], times["ddp"], strict=True))
     ddp_model = trainers["ddp"].model.module  # type: ignore[union-attr]
     with torch.no_grad():
         pairs = zip(trainers["hpcring"].model.parameters(), ddp_model.parameters(), strict=True)
@@ -130,14 +126,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "params": n_params,
         "gradient_mib": round(n_params * 4 / 2**20, 2),
         "batch_size_per_rank": args.batch_size,
-        "steps_per_round": args.steps,
-        "rounds": args.rounds,
-        "median_step_ms": {k: round(1e3 * statistics.median(v), 2) for k, v in rounds.items()},
-        "round_step_ms": {k: [round(1e3 * x, 2) for x in v] for k, v in rounds.items()},
+        "paired_steps": args.steps,
+        "median_step_ms": {k: round(1e3 * statistics.median(v), 2) for k, v in times.items()},
         "ratio_hpcring_over_ddp": {
             "median": round(statistics.median(ratios), 3),
-            "min": round(min(ratios), 3),
-            "max": round(max(ratios), 3),
+            "p25": round(ratios[len(ratios) // 4], 3),
+            "p75": round(ratios[(3 * len(ratios)) // 4], 3),
         },
         "max_weight_difference": diff,
     }
@@ -159,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
             f"batch {args.batch_size}/rank\n"
             f"median step: hpcring {ms['hpcring']} ms, DDP(gloo) {ms['ddp']} ms, "
             f"compute-only {ms['compute-only']} ms\n"
-            f"hpcring/DDP ratio: median {ratio['median']} (rounds: {ratio['min']}..{ratio['max']})  "
+            f"hpcring/DDP ratio: median {ratio['median']} (quartiles {ratio['p25']}..{ratio['p75']})  "
             f"max weight difference {result['max_weight_difference']:.2e}",
             flush=True,
         )

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from conftest import RunRanks, ranked_pytest
+from support import RunRanks, ranked_pytest
 
 SUMMARY = re.compile(r"^\[(\d+)\]<stdout>:(\d+) passed", re.M)
 

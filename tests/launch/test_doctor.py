@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from conftest import ROOT, flavour_python
+from support import ROOT, flavour_python
 
 from hpcring.launch.doctor import cpu_topology
 

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, RunRanks, flavour_python
+from support import ROOT, RunRanks, flavour_python
 
 PROGRAM = str(Path(__file__).with_name("rank_program.py"))
 PREFIX = re.compile(rb"^\[(\d+)\]<(stdout|stderr)>:(.*)$")

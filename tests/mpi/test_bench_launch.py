@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import RunRanks
+from support import RunRanks
 
 pytestmark = pytest.mark.mpi
 

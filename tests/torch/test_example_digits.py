@@ -13,7 +13,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
-from conftest import ROOT, RunRanks
+from support import ROOT, RunRanks
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("sklearn")

@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import RunRanks, ranked_pytest
+from support import RunRanks, ranked_pytest
 
 pytest.importorskip("torch")
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from conftest import RunRanks, ranked_pytest
+from support import RunRanks, ranked_pytest
 
 pytest.importorskip("torch")
 
