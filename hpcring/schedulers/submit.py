@@ -52,13 +52,23 @@ def submit(scheduler: str, argv: Sequence[str]) -> str:
     return m.group(1)
 
 
+# Job states in which a job has not yet ended (squeue may already have dropped it while it completes).
+_SLURM_ACTIVE = frozenset(
+    {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING"}
+)
+
+
 def slurm_state(job_id: str) -> JobResult | None:
     """None while the job is queued or running; its final state and exit code once it has ended."""
     q = _run(["squeue", "-h", "-j", job_id, "-o", "%T"])
     if q.returncode == 0 and q.stdout.strip():
         return None
+    if q.returncode != 0 and "invalid job id" not in q.stderr.lower():
+        return None  # the controller did not answer this time (busy, restarting): not a sign the job ended
     info = _run(["scontrol", "show", "job", job_id]).stdout
     state = re.search(r"JobState=(\w+)", info)
+    if state is not None and state.group(1) in _SLURM_ACTIVE:
+        return None
     code = re.search(r"\bExitCode=(\d+):(\d+)", info)
     if state is None or code is None:
         raise SubmitError(f"cannot read the state of job {job_id} from scontrol: {info.strip()[:200]!r}")
