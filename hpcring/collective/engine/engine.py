@@ -245,12 +245,16 @@ class Engine:
         return None
 
     def start_timeline(self, path: str, mark_cycles: bool = False) -> None:
-        """Start writing a Chrome trace (this rank writes when it is rank 0 or `path` contains "{rank}")."""
-        if "{rank}" not in path and self.world_rank != 0:
+        """Start writing a Chrome trace.
+
+        One writer per job: the process with MPI_COMM_WORLD rank 0 (not the engine's rank 0, which every
+        independent sub-communicator training has); with "{rank}" in the path every process writes its own
+        file, named by its COMM_WORLD rank, so files never collide.
+        """
+        job_rank = self._mpi.COMM_WORLD.Get_rank()
+        if "{rank}" not in path and job_rank != 0:
             return
-        timeline = Timeline(
-            path.replace("{rank}", str(self.world_rank)), mark_cycles=mark_cycles, rank=self.world_rank
-        )
+        timeline = Timeline(path.replace("{rank}", str(job_rank)), mark_cycles=mark_cycles, rank=job_rank)
         with self._lock:
             old, self._timeline = self._timeline, timeline
         if old is not None:
