@@ -1,8 +1,8 @@
 """One exception hierarchy for everything hpcring raises at a user.
 
 Every message says what was wrong and what is allowed, so a user can fix the input without reading our code.
-`CollectiveError` subclasses `RuntimeError` because Horovod's `HorovodInternalError` does, and user code written
-for Horovod catches `RuntimeError` around collectives.
+`CollectiveError` subclasses `RuntimeError` because Horovod's `HorovodInternalError` does, and user code
+written for Horovod catches `RuntimeError` around collectives.
 """
 
 from __future__ import annotations

@@ -57,7 +57,6 @@ def run_ranks(
     )
 
 
-
 def ranked_pytest(*paths: str) -> list[str]:
     """Command that runs pytest on the given tests/ranked files inside each rank."""
     return ["{python}", "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *paths]

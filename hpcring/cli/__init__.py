@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from hpcring import __version__
 from hpcring.errors import ConfigError, HpcringError, JobShapeError, ProfileError
 
-# name -> (module, one-line help). Modules are imported lazily so `hpcring profiles` never imports MPI or torch.
+# name -> (module, one-line help). Modules are imported lazily: `hpcring profiles` never imports MPI or torch.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "run": ("hpcring.cli.run", "launch a multi-rank job on this machine or the given hosts"),
     "doctor": ("hpcring.cli.doctor", "report MPI, torch, NCCL, GPUs and this host's topology"),
@@ -32,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hpcring", description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--version", action="version", version=f"hpcring {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, (module, help_text) in SUBCOMMANDS.items():
+    for name, (_module, help_text) in SUBCOMMANDS.items():
         # Parsers are registered lazily: only the chosen subcommand's module is imported.
         sub.add_parser(name, help=help_text, add_help=False)
     return parser
