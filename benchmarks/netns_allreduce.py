@@ -4,8 +4,9 @@ Each measurement: barrier, one allreduce, then the slowest rank's time (an allre
 rank has its result). Each (algorithm, size) is warmed up once and then timed `--repeats` times; rank 0 writes
 every sample as JSON lines and prints a table of medians, with hierarchical and native against the flat ring.
 
-With --stages, the hierarchical algorithm is also timed stage by stage (intra-node reduce-scatter, cross-node
-allreduce of each shard, intra-node allgather), separated by barriers, to show which one dominates.
+With --stages, the hierarchical algorithm's three stages are also timed one by one on the whole buffer
+(intra-node ring reduce-scatter, cross-node allreduce of each shard, intra-node ring allgather), separated by
+barriers: what the pipelined algorithm overlaps.
 
 Runs with numpy buffers only, so it works in the MPICH venv too (no torch there).
 """
@@ -45,10 +46,11 @@ def timed(fn: Callable[[], object]) -> float:
 
 
 def stage_times(x: np.ndarray[Any, Any]) -> dict[str, float]:
-    """The three stages of hpcring's hierarchical allreduce, each timed on its own (barrier-separated)."""
-    from hpcring.collective.algorithms.chunks import bounds
+    """The three stages of hpcring's hierarchical allreduce on the whole buffer, each timed on its own
+    (barrier-separated), with the same functions the algorithm runs when it does not pipeline."""
+    from hpcring.collective.algorithms.chunks import bounds, offsets
     from hpcring.collective.algorithms.hierarchical import flat_allreduce, local_counts
-    from hpcring.collective.algorithms.ring import DEFAULT_CHUNK_BYTES, ring_allreduce
+    from hpcring.collective.algorithms.ring import DEFAULT_CHUNK_BYTES, ring_allgather, ring_reduce_scatter
 
     layout = hc.topology().node_layout()
     local = layout.local
@@ -57,22 +59,19 @@ def stage_times(x: np.ndarray[Any, Any]) -> dict[str, float]:
     dst = np.empty_like(x)
     mine = dst[lo : lo + counts[local.rank]]
     sb = bounds(x.size, layout.shards)
-    out = {"reduce_scatter": timed(lambda: local.reduce_scatter(x, mine, counts, hc.ReduceOp.SUM))}
+    chunk = DEFAULT_CHUNK_BYTES
+    out = {
+        "reduce_scatter": timed(
+            lambda: ring_reduce_scatter(local, x, mine, offsets(counts), hc.ReduceOp.SUM, chunk)
+        )
+    }
 
     def cross() -> None:
         for shard in sorted(layout.shard_groups):
             flat_allreduce(layout.shard_groups[shard], dst[sb[shard] : sb[shard + 1]], hc.ReduceOp.SUM)
 
     out["cross_allreduce"] = timed(cross)
-
-    # The same stage with hpcring's ring instead of the transport's native allreduce.
-    def cross_ring() -> None:
-        for shard in sorted(layout.shard_groups):
-            part = dst[sb[shard] : sb[shard + 1]]
-            ring_allreduce(layout.shard_groups[shard], part, part, hc.ReduceOp.SUM, DEFAULT_CHUNK_BYTES)
-
-    out["cross_allreduce_ring"] = timed(cross_ring)
-    out["allgather"] = timed(lambda: local.allgatherv(dst, counts))
+    out["allgather"] = timed(lambda: ring_allgather(local, dst, offsets(counts), chunk // x.dtype.itemsize))
     return out
 
 
@@ -141,7 +140,13 @@ def main() -> None:
     if hc.rank() != 0:
         return
     topo = {"size": hc.size(), "local_size": hc.local_size(), "cross_size": hc.cross_size()}
-    meta = {"host": socket.gethostname(), **topo, "rate": os.environ.get("HPCRING_BENCH_RATE", "")}
+    meta = {
+        "host": socket.gethostname(),
+        **topo,
+        "rate": os.environ.get("HPCRING_BENCH_RATE", ""),
+        "segment_bytes": os.environ.get("HPCRING_HIER_SEGMENT_BYTES", "default"),
+        "loadavg": os.getloadavg()[0],
+    }
     if args.json:
         with args.json.open("a") as f:
             for r in records:

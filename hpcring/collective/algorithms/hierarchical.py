@@ -51,7 +51,7 @@ NDArray = np.ndarray[Any, Any]
 DEFAULT_SEGMENT_BYTES = 4 << 20
 # Iterations a segment's cross-node ring waits after its start before its first step completes: the link then
 # always has about this many segments queued while the rank is busy inside the node.
-PIPELINE_LAG = 1
+PIPELINE_LAG = int(__import__("os").environ.get("XLAG", "1"))
 _TAG_CROSS = 0x4860  # + in-flight slot; ring.py uses 0x4852/0x4853
 _SLOTS = 16  # distinct tags/scratch for segments in flight at once (at most PIPELINE_LAG + 2(N-1))
 
@@ -127,14 +127,17 @@ class CrossRing:
     region an earlier send may still be reading.
     """
 
-    def __init__(self, t: Transport, buf: NDArray, op: ReduceOp, slot: int) -> None:
+    def __init__(self, t: Transport, buf: NDArray, op: ReduceOp, slot: int, shard: int = 0) -> None:
+        """Post step 0. `slot` tells in-flight segments apart (tag, scratch); `shard` the groups of one rank."""
         self.t, self.buf, self.tag = t, buf, _TAG_CROSS + slot
         self.seg = bounds(buf.size, t.size)
         self.steps = 0 if t.size == 1 or buf.size == 0 else 2 * (t.size - 1)
         self.step = 0
         self.combine = ufunc(op, buf.dtype)
         self.tmp = scratch(
-            f"hier.cross{slot}", max(b - a for a, b in zip(self.seg, self.seg[1:], strict=False)), buf.dtype
+            f"hier.cross{slot}.{shard}",
+            max(b - a for a, b in zip(self.seg, self.seg[1:], strict=False)),
+            buf.dtype,
         )
         self.sends: list[Request] = []
         self.recv: Request | None = None
@@ -269,7 +272,7 @@ def _pipelined(
             _node_reduce_scatter(local, src, dst, s, op, chunk_bytes, in_place)
             sb = bounds(s.hi - s.lo, layout.shards)
             rings[it] = [
-                CrossRing(layout.shard_groups[j], dst[s.lo + sb[j] : s.lo + sb[j + 1]], op, it % _SLOTS)
+                CrossRing(layout.shard_groups[j], dst[s.lo + sb[j] : s.lo + sb[j + 1]], op, it % _SLOTS, j)
                 for j in sorted(layout.shard_groups)
             ]
         # Newest first: its messages were posted before the older segment's, so they arrive first.

@@ -27,17 +27,19 @@ import logging
 import threading
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from hpcring.collective import api, dtypes
 from hpcring.collective.engine import phases
 from hpcring.collective.engine.cache import ResponseCache
-from hpcring.collective.engine.request import CACHEABLE, Handle, OpType, Request, Signature
+from hpcring.collective.engine.request import CACHEABLE, Handle, OpType, Request, Signature, complete
 from hpcring.collective.engine.timeline import Timeline
 from hpcring.collective.engine.validation import check_agreement
+from hpcring.collective.ops import ReduceOp
 from hpcring.config import EngineSettings
 from hpcring.errors import CollectiveError, ConfigError
 
@@ -55,7 +57,8 @@ _STALL_CHECK_EVERY_S = 1.0
 _SPIN_S = 200e-6
 _MIN_BACKOFF_S = 50e-6
 _MAX_BACKOFF_S = 500e-6
-_FULL_WORD = (1 << 64) - 1
+_REDUCE_OPS = {op.value: op for op in ReduceOp}  # by agreed name; Enum's by-value lookup is slow
+_FEW_BITS = 16  # below this many bits, Python ints pack faster than numpy
 
 
 @functools.lru_cache(maxsize=64)
@@ -101,7 +104,7 @@ class _Entry:
     warned_at: float = 0.0
 
 
-@dataclass
+@dataclass(slots=True)
 class Response:
     """One agreed operation of a cycle, identical on every rank of the set (except `local`)."""
 
@@ -134,6 +137,7 @@ class _SetState:
         self.abort = False  # set rank 0 decided to abort on a stall
         self.fusion = np.empty(0, dtype=np.uint8)
         self.last_stall_check = 0.0
+        self.last_patience_scan = 0.0
         self.negotiating: set[str] = set()  # timeline: names with an open NEGOTIATE span
 
     def fusion_view(self, dtype: np.dtype[Any], count: int) -> NDArray:
@@ -201,18 +205,19 @@ class Engine:
             if self._closed or self._stopped.is_set():
                 reason = self._stop_reason or "shutdown() called"
                 raise CollectiveError(f"hpcring engine is shut down ({reason})")
+            sets = self._sets
             seen: set[tuple[int, str]] = set()
             for req in reqs:
-                st = self._member_state(req.process_set_id)
-                key = (req.process_set_id, req.sig.name)
-                if req.sig.name in st.inflight or key in seen:
+                sid, name = req.process_set_id, req.sig.name
+                st = sets.get(sid) or self._member_state(sid)
+                if name in st.inflight or (sid, name) in seen:
                     raise ValueError(
-                        f"a collective named {req.sig.name!r} is already in flight on this rank; wait for it "
+                        f"a collective named {name!r} is already in flight on this rank; wait for it "
                         "(synchronize) or use a different name"
                     )
-                seen.add(key)
+                seen.add((sid, name))
             for req in reqs:
-                st = self._sets[req.process_set_id]
+                st = sets[req.process_set_id]
                 st.inflight[req.sig.name] = req
                 st.incoming.append(req)
             self._wake.notify()
@@ -379,6 +384,8 @@ class Engine:
         spin steals the CPU the other ranks need. So: spin on Test() for _SPIN_S (peers that are already there
         answer in microseconds), then sleep with exponential backoff up to _MAX_BACKOFF_S between tests.
         """
+        if st.size == 1:
+            return  # the AND over one rank is the vector itself
         req = st.comm.Iallreduce(self._mpi.IN_PLACE, vec, op=self._mpi.BAND)
         deadline = time.monotonic() + _SPIN_S
         while time.monotonic() < deadline:
@@ -419,31 +426,39 @@ class Engine:
     def _intake(self, st: _SetState, timeline: Timeline | None, now: float) -> None:
         with self._lock:
             new, st.incoming = st.incoming, []
+        lookup, cached_wait, outbox = st.cache.lookup, st.cached_wait, st.outbox
         for req in new:
-            if timeline is not None and req.sig.name not in st.negotiating:
-                st.negotiating.add(req.sig.name)
-                timeline.begin(req.sig.name, f"NEGOTIATE_{req.sig.op_type.name}", when=req.submitted_at)
-            if req.sig.op_type is OpType.JOIN:
+            sig = req.sig
+            if timeline is not None and sig.name not in st.negotiating:
+                st.negotiating.add(sig.name)
+                timeline.begin(sig.name, f"NEGOTIATE_{sig.op_type.name}", when=req.submitted_at)
+            op = sig.op_type
+            if op is OpType.JOIN:
                 st.local_join = req
-                st.outbox.append(req)
-                continue
-            bit = st.cache.lookup(req.sig) if req.sig.op_type in CACHEABLE else None
-            if bit is None:
-                st.outbox.append(req)
-            else:
-                st.cached_wait[bit] = req
+            elif op in CACHEABLE:
+                bit = lookup(sig)
+                if bit is not None:
+                    cached_wait[bit] = req
+                    continue
+            outbox.append(req)
         # Cached requests waiting long go through the table, where the stall inspector can name missing ranks.
+        # Scanned a few times per patience period, not every cycle (a fused step keeps hundreds cached).
         patience = self.settings.stall_check_time_s / 2
-        if not self.settings.stall_check_disable:
-            for bit, req in list(st.cached_wait.items()):
+        scan_due = now - st.last_patience_scan > patience / 4
+        if cached_wait and scan_due and not self.settings.stall_check_disable:
+            st.last_patience_scan = now
+            for bit, req in list(cached_wait.items()):
                 if now - req.submitted_at > patience:
-                    del st.cached_wait[bit]
-                    st.outbox.append(req)
+                    del cached_wait[bit]
+                    outbox.append(req)
 
     def _vector(self, st: _SetState) -> NDArray:
         """[flags, hit words, absent words]. Bit b of `hit`: "I have cached request b pending (or joined)";
-        of `absent`: "I do not have it". After the AND, hit & ~absent = ready and wanted by some rank."""
-        words = st.cache.words
+        of `absent`: "I do not have it". After the AND, hit & ~absent = ready and wanted by some rank.
+
+        The bit sets are Python ints serialised little-endian: building and reading the vector costs a few
+        byte conversions instead of a loop over words (and a bitwise AND does not care about byte order)."""
+        nbytes = 8 * st.cache.words
         flags = _ALL_FLAGS
         if st.outbox:
             flags &= ~_NO_NEW
@@ -451,17 +466,15 @@ class Engine:
             flags &= ~_NO_SHUTDOWN
         if st.abort:
             flags &= ~_NO_ABORT
-        hit = [0] * words
-        for bit in st.cached_wait:
-            hit[bit >> 6] |= 1 << (bit & 63)
-        absent = [_FULL_WORD ^ w for w in hit]
+        hit = _pack_bits(st.cached_wait, len(st.cached_wait))
+        absent = hit ^ ((1 << 8 * nbytes) - 1)
         if st.local_join is not None:
             # A joined rank agrees to every cached op it is not itself waiting on through the table.
             pending = st.inflight
-            for bit in st.cache.bits():
-                if st.cache.signature(bit).name not in pending:
-                    hit[bit >> 6] |= 1 << (bit & 63)
-        return np.array([flags, *hit, *absent], dtype=np.uint64)
+            agree = [b for b in st.cache.bits() if st.cache.signature(b).name not in pending]
+            hit |= _pack_bits(agree, len(agree))
+        raw = flags.to_bytes(8, "little") + hit.to_bytes(nbytes, "little") + absent.to_bytes(nbytes, "little")
+        return np.frombuffer(bytearray(raw), dtype=np.uint64)
 
     def _negotiate(self, st: _SetState, timeline: Timeline | None) -> tuple[list[Response], int, bool]:
         """Steps 1 and 2 of the module docstring; returns (ready responses, agreed flags, busy)."""
@@ -469,18 +482,20 @@ class Engine:
         self._intake(st, timeline, now)
         vec = self._vector(st)
         self._agree(st, vec)
-        flags = int(vec[0])
+        raw = vec.tobytes()
+        flags = int.from_bytes(raw[:8], "little")
         if st.id == 0 and not flags & _NO_SHUTDOWN:
             return [], flags, True
+        nbytes = 8 * st.cache.words
+        absent = int.from_bytes(raw[8 + nbytes :], "little")
+        ready = int.from_bytes(raw[8 : 8 + nbytes], "little") & ~absent
         responses: list[Response] = []
-        words = st.cache.words
-        for w in range(words):
-            ready = int(vec[1 + w]) & ~int(vec[1 + words + w])
-            while ready:  # bits in increasing order: the same order on every rank
-                low = ready & -ready
-                b = (w << 6) + low.bit_length() - 1
-                responses.append(Response(st.cache.signature(b), st.cached_wait.pop(b, None)))
-                ready ^= low
+        if ready:
+            ready_at = time.monotonic()
+            signature, pop = st.cache.signature, st.cached_wait.pop
+            responses = [  # bits in increasing order: the same order on every rank
+                Response(signature(b), pop(b, None), None, None, ready_at) for b in _unpack_bits(ready)
+            ]
         self.stats["cache_hits"] += len(responses)
         if not flags & _NO_NEW:
             self._exchange(st, timeline, now)
@@ -489,8 +504,8 @@ class Engine:
             st.last_stall_check = now
             self._check_stalls(st, now)
         busy = bool(responses or st.table or st.cached_wait or st.outbox or not flags & _NO_NEW)
-        if words and not busy:
-            busy = any(int(w) != _FULL_WORD for w in vec[1 + words :])
+        if nbytes and not busy:  # some rank has a cached request pending that this rank has not submitted
+            busy = absent != (1 << 8 * nbytes) - 1
         return responses, flags, busy
 
     def _exchange(self, st: _SetState, timeline: Timeline | None, now: float) -> None:
@@ -523,6 +538,8 @@ class Engine:
                     timeline.instant(sig.name, f"rank {st.ranks[r]} ready", args={"rank": st.ranks[r]})
 
     def _table_ready(self, st: _SetState, timeline: Timeline | None) -> list[Response]:
+        if not st.table and not st.joined:
+            return []
         everyone = set(range(st.size))
         joined = set(st.joined)
         out = []
@@ -659,29 +676,31 @@ class Engine:
                 err.__cause__ = exc
             self._finish_many(st, batch, [None] * len(batch), err)
             return
+        put, cached_wait = st.cache.put, st.cached_wait
         for r in batch:
             if r.sig.op_type in CACHEABLE:
-                evicted = st.cache.put(r.sig)
-                if evicted is not None and evicted in st.cached_wait:
-                    st.outbox.append(st.cached_wait.pop(evicted))
+                evicted = put(r.sig)
+                if evicted is not None and evicted in cached_wait:
+                    st.outbox.append(cached_wait.pop(evicted))
         self._finish_many(st, batch, results)
 
     def _finish_many(
         self, st: _SetState, batch: list[Response], results: list[Any], error: BaseException | None = None
     ) -> None:
         """Hand results (or the error) to this rank's requests; one lock round for the whole batch."""
-        reqs = [r.local for r in batch]
+        handles: list[Handle] = []
+        kept: list[Any] = []
+        inflight = st.inflight
         with self._lock:
-            for req in reqs:
-                if req is not None and st.inflight.get(req.sig.name) is req:
-                    del st.inflight[req.sig.name]
-        for req, result in zip(reqs, results, strict=True):
-            if req is None:
-                continue
-            if error is not None:
-                req.handle.set_error(error)
-            else:
-                req.handle.set_result(result)
+            for r, result in zip(batch, results, strict=True):
+                req = r.local
+                if req is None:
+                    continue
+                if inflight.get(req.sig.name) is req:
+                    del inflight[req.sig.name]
+                handles.append(req.handle)
+                kept.append(result)
+        complete(handles, kept, error)
 
     def _reduce(self, st: _SetState, src: NDArray, dst: NDArray, sig: Signature) -> None:
         """dst = allreduce(src) with the agreed op and scale factors (dst may be src).
@@ -689,10 +708,7 @@ class Engine:
         Calls the collective library's algorithm entry point directly: the arguments were checked at submit
         and agreed in negotiation, so `hpcring.collective.allreduce`'s per-call checks would only add latency.
         """
-        from hpcring.collective import api, dtypes
-        from hpcring.collective.ops import ReduceOp
-
-        op = ReduceOp(sig.reduce_op)
+        op = _REDUCE_OPS[sig.reduce_op]
         flat_src = src.reshape(-1)
         flat_dst = flat_src if dst is src else dst.reshape(-1)
         if sig.prescale != 1.0:
@@ -701,12 +717,14 @@ class Engine:
             dtypes.scale(flat_dst, sig.prescale)
             flat_src = flat_dst
         api.run_allreduce(st.topology, flat_src, flat_dst, op, self.settings.allreduce_algorithm)
-        dtypes.scale(flat_dst, sig.postscale / st.size if op is ReduceOp.AVERAGE else sig.postscale)
+        post = sig.postscale / st.size if op is ReduceOp.AVERAGE else sig.postscale
+        if post != 1.0:
+            dtypes.scale(flat_dst, post)
 
     def _allreduce(self, st: _SetState, batch: list[Response], timeline: Timeline | None) -> list[Any]:
         sig = batch[0].sig
         dtype = numpy_dtype(sig.dtype)
-        names = [r.sig.name for r in batch]
+        names = [r.sig.name for r in batch] if timeline is not None else []
         if len(batch) == 1:
             req = batch[0].local
             src = (
@@ -718,33 +736,30 @@ class Engine:
             with self._span(timeline, names, "COLLECTIVE"):
                 self._reduce(st, src, dst, sig)
             return [dst]
-        counts = [r.sig.count for r in batch]
+        counts = [r.sig.numel for r in batch]
         buf = st.fusion_view(dtype, sum(counts))
         with self._span(timeline, names, "MEMCPY_IN_FUSION_BUFFER"):
-            off = 0
+            parts: list[NDArray] = []
             for r, n in zip(batch, counts, strict=True):
-                part = buf[off : off + n]
-                if r.local is not None and r.local.tensor is not None:
-                    np.copyto(part, r.local.tensor.reshape(-1))
-                else:
-                    part[...] = _neutral(sig.reduce_op, dtype, (n,))
-                off += n
+                req = r.local
+                tensor = req.tensor if req is not None else None
+                parts.append(tensor if tensor is not None else _neutral(sig.reduce_op, dtype, (n,)))
+            np.concatenate(parts, axis=None, out=buf)  # one C loop packs every tensor
         with self._span(timeline, names, "COLLECTIVE"):
             self._reduce(st, buf, buf, sig)
         results: list[Any] = []
         with self._span(timeline, names, "MEMCPY_OUT_FUSION_BUFFER"):
             off = 0
             for r, n in zip(batch, counts, strict=True):
-                out = r.local.output if r.local is not None else None
+                req = r.local
+                out = None if req is None else (req.output if req.output is not None else req.tensor)
                 if out is not None:
-                    np.copyto(out.reshape(-1), buf[off : off + n])
+                    np.copyto(out, buf[off : off + n].reshape(out.shape))
                 results.append(out)
                 off += n
         return results
 
     def _single(self, st: _SetState, r: Response, timeline: Timeline | None) -> Any:
-        from hpcring.collective import api, dtypes
-
         sig, req = r.sig, r.local
         topo = st.topology
         op = sig.op_type
@@ -825,28 +840,35 @@ def plan_batches(responses: list[Response], limit: int) -> list[list[Response]]:
     """Group responses into batches run one after the other: compatible allreduces (same dtype, op, scale
     factors, device) fused up to `limit` bytes, looking ahead over allreduces only (never past another op, so
     e.g. a barrier keeps its place). Deterministic, so every rank forms the same batches."""
+    if limit <= 0 or len(responses) == 1:
+        return [[r] for r in responses]
+    n = len(responses)
+    # Per response, computed once: None for what never fuses, else (fusion key, bytes); None also ends a
+    # look-ahead when it is not an allreduce at all.
+    allreduce = [r.sig.op_type is OpType.ALLREDUCE for r in responses]
+    keys = [
+        _fusion_key(r.sig) if ar and r.error is None else None
+        for r, ar in zip(responses, allreduce, strict=True)
+    ]
+    sizes = [_nbytes(r.sig) if k is not None else 0 for r, k in zip(responses, keys, strict=True)]
     batches: list[list[Response]] = []
-    used = [False] * len(responses)
+    used = [False] * n
     for i, r in enumerate(responses):
         if used[i]:
             continue
         used[i] = True
         batch = [r]
-        if r.sig.op_type is OpType.ALLREDUCE and r.error is None and limit > 0:
-            key = _fusion_key(r.sig)
-            total = _nbytes(r.sig)
-            for j in range(i + 1, len(responses)):
-                other = responses[j]
-                if other.sig.op_type is not OpType.ALLREDUCE:
+        key = keys[i]
+        if key is not None:
+            total = sizes[i]
+            for j in range(i + 1, n):
+                if not allreduce[j]:
                     break
-                if used[j] or other.error is not None or _fusion_key(other.sig) != key:
-                    continue
-                size = _nbytes(other.sig)
-                if total + size > limit:
+                if used[j] or keys[j] != key or total + sizes[j] > limit:
                     continue
                 used[j] = True
-                batch.append(other)
-                total += size
+                batch.append(responses[j])
+                total += sizes[j]
         batches.append(batch)
     return batches
 
@@ -863,4 +885,32 @@ def _fusion_key(sig: Signature) -> tuple[Any, ...]:
 
 
 def _nbytes(sig: Signature) -> int:
-    return sig.count * numpy_dtype(sig.dtype).itemsize
+    return sig.numel * numpy_dtype(sig.dtype).itemsize
+
+
+def _pack_bits(bits: Iterable[int], n: int) -> int:
+    """The int with the given `n` bit positions set (numpy for many bits: one C pass instead of n big-int
+    operations)."""
+    if n <= _FEW_BITS:
+        mask = 0
+        for b in bits:
+            mask |= 1 << b
+        return mask
+    positions = np.fromiter(bits, dtype=np.intp, count=n)
+    flags = np.zeros(int(positions.max()) + 1, dtype=np.uint8)
+    flags[positions] = 1
+    return int.from_bytes(np.packbits(flags, bitorder="little").tobytes(), "little")
+
+
+def _unpack_bits(mask: int) -> list[int]:
+    """Positions of the set bits of `mask`, in increasing order."""
+    if mask.bit_count() <= _FEW_BITS:
+        out = []
+        while mask:
+            low = mask & -mask
+            out.append(low.bit_length() - 1)
+            mask ^= low
+        return out
+    raw = np.frombuffer(mask.to_bytes((mask.bit_length() + 7) // 8, "little"), dtype=np.uint8)
+    positions: list[int] = np.flatnonzero(np.unpackbits(raw, bitorder="little")).tolist()
+    return positions

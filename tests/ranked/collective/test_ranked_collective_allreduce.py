@@ -122,3 +122,25 @@ def test_hierarchical_with_native_node_stages(
         z = gen(world.rank, count, name)
         hpcring.allreduce(z, out=z, algorithm="hierarchical")
         check(z, want, name, True, f"{name} count={count} in-place")
+
+
+@pytest.mark.parametrize("name", ("float32", "float16", "bfloat16", "int64", "bool"))
+def test_hierarchical_pipeline_segments(world: Topology, name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tiny pipeline segments cut an uneven buffer into dozens of segments, each going through the node
+    reduce-scatter, the cross-node ring and the node allgather while other segments are in flight (one node:
+    no cross stage, same code path). Every op, in place and not."""
+    monkeypatch.setenv("HPCRING_HIER_SEGMENT_BYTES", "512")
+    monkeypatch.setenv("HPCRING_RING_CHUNK_BYTES", "200")
+    n, r, count = world.size, world.rank, 5003
+    for i, op in enumerate(ops_for(name)):
+        label = f"{name} {op.name} pipelined hierarchical"
+        want = expected_reduce(n, count, name, op)
+        x = gen(r, count, name, op)
+        if i % 2:
+            hpcring.allreduce(x, op, out=x, algorithm="hierarchical")
+            check(x, want, name, op is not ReduceOp.AVERAGE, label + " in-place")
+        else:
+            before = x.copy()
+            y = hpcring.allreduce(x, op, algorithm="hierarchical")
+            check(y, want, name, op is not ReduceOp.AVERAGE, label)
+            np.testing.assert_array_equal(x, before, err_msg=label + ": input modified")
