@@ -10,8 +10,9 @@ from hypothesis import strategies as st
 from hpcring.collective import selection
 from hpcring.collective.algorithms.hierarchical import (
     DEFAULT_SEGMENT_BYTES,
-    PIPELINE_LAG,
+    IN_FLIGHT_BYTES,
     finish_iteration,
+    pipeline_lag,
     segment_count,
 )
 from hpcring.errors import ConfigError
@@ -50,11 +51,13 @@ def test_each_segment_finishes_after_its_cross_steps_and_in_order(segment: int, 
 
 
 def test_two_nodes_schedule_matches_the_design() -> None:
-    """2 nodes: the cross ring has 2 steps (exchange halves, exchange back); with the default lag of one
-    iteration, segment k starts in iteration k and is allgathered in iteration k + 2."""
-    assert PIPELINE_LAG == 1
-    assert [finish_iteration(k, 2) for k in range(4)] == [2, 3, 4, 5]
-    assert DEFAULT_SEGMENT_BYTES >= 1 << 20
+    """2 nodes: the cross ring has 2 steps (exchange halves, exchange back); with a lag of one iteration,
+    segment k starts in iteration k and is allgathered in iteration k + 2; by default about IN_FLIGHT_BYTES of
+    segments may be in flight before the schedule forces a wait."""
+    assert [finish_iteration(k, 2, 1) for k in range(4)] == [2, 3, 4, 5]
+    assert pipeline_lag(DEFAULT_SEGMENT_BYTES) * DEFAULT_SEGMENT_BYTES == IN_FLIGHT_BYTES
+    assert pipeline_lag(IN_FLIGHT_BYTES * 2) == 1  # at least one iteration
+    assert pipeline_lag(1000) * 1000 >= IN_FLIGHT_BYTES
 
 
 def test_segment_bytes_env(monkeypatch: pytest.MonkeyPatch) -> None:

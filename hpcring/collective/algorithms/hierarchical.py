@@ -8,13 +8,14 @@ cross-node group (`shard_groups[j]`) holds one rank per node. With equal nodes t
 smaller node own several shards and take part in several cross groups, always in increasing shard order so two
 blocking groups can never wait on each other.
 
-Large buffers are pipelined (docs/collectives.md, "Hierarchical pipeline"): the buffer is cut into segments of
-about `segment_bytes`, each with the same shard cut, and while segment k crosses the network (non-blocking
-point-to-point ring steps, `CrossRing`) the node reduce-scatters segment k+1 and allgathers an earlier
-segment. Run one after another the node-local stages add their whole time to the link time; pipelined they
-hide under it, as the flat ring hides its own in-node edges. No thread is needed: MPI progresses every
-pending request, on every communicator, whenever the rank waits on any one, and the node-local stages wait
-on their own messages every chunk.
+Large buffers are pipelined (docs/collectives.md, "Hierarchical pipeline"): the buffer is cut into segments
+(1 MiB by default), each with the same shard cut, and while earlier segments cross the network (non-blocking
+point-to-point ring steps, `CrossRing`) the node reduce-scatters the next one and allgathers one whose cross
+stage is done. Run one after another, the node-local stages add their whole time to the link time;
+pipelined, they hide under it, as the flat ring hides its own in-node edges. No thread is needed: MPI
+progresses every pending request, on every communicator, whenever the rank waits on any one, and while the
+node stages wait (every chunk) they also complete any cross step whose messages have arrived and post the
+next, so the link never waits for the schedule.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ from hpcring.collective.algorithms.chunks import (
 from hpcring.collective.algorithms.native import native_allreduce
 from hpcring.collective.algorithms.ring import (
     DEFAULT_CHUNK_BYTES,
+    Poll,
+    done,
     ring_allgather,
     ring_allreduce,
     ring_reduce_scatter,
@@ -47,13 +50,14 @@ from hpcring.collective.selection import choose_algorithm, segment_bytes
 NDArray = np.ndarray[Any, Any]
 
 # Pipeline segment: small enough that the first reduce-scatter and the last allgather (the only node-local
-# work the link cannot hide) are short, large enough that per-segment Python and message overheads stay small.
-DEFAULT_SEGMENT_BYTES = 4 << 20
-# Iterations a segment's cross-node ring waits after its start before its first step completes: the link then
-# always has about this many segments queued while the rank is busy inside the node.
-PIPELINE_LAG = int(__import__("os").environ.get("XLAG", "1"))
-_TAG_CROSS = 0x4860  # + in-flight slot; ring.py uses 0x4852/0x4853
-_SLOTS = 16  # distinct tags/scratch for segments in flight at once (at most PIPELINE_LAG + 2(N-1))
+# work the link cannot hide) are short; the same size as the ring's chunks, whose per-message overhead the
+# ring already pays. Measured on the 2-node netns cluster (docs/bench-netns.md): 1 MiB beat 2 and 4 MiB.
+DEFAULT_SEGMENT_BYTES = 1 << 20
+# How much a rank may have posted across nodes ahead of the schedule's forced waits: while the node stages
+# wait for a slower local peer, this much keeps the link busy. 6 MiB measured best (4 and 8 MiB were slower).
+IN_FLIGHT_BYTES = 6 << 20
+_TAG_CROSS = 0x4860  # + in-flight slot (mod _TAGS); ring.py uses 0x4852/0x4853
+_TAGS = 256
 
 
 @dataclass(frozen=True)
@@ -106,7 +110,13 @@ def segment_count(nbytes: int, count: int, seg_bytes: int) -> int:
     return max(1, min(count, -(-nbytes // seg_bytes)))
 
 
-def finish_iteration(segment: int, cross_steps: int, lag: int = PIPELINE_LAG) -> int:
+def pipeline_lag(seg_bytes: int) -> int:
+    """Iterations between a segment's start and the first cross step the schedule forces to complete: about
+    IN_FLIGHT_BYTES of segments in flight."""
+    return max(1, -(-IN_FLIGHT_BYTES // max(1, seg_bytes)))
+
+
+def finish_iteration(segment: int, cross_steps: int, lag: int) -> int:
     """Pipeline iteration in which `segment`'s cross-node ring completes and its allgather runs.
 
     Segment k starts (node reduce-scatter, first cross messages posted) in iteration k. Its cross ring has
@@ -128,8 +138,8 @@ class CrossRing:
     """
 
     def __init__(self, t: Transport, buf: NDArray, op: ReduceOp, slot: int, shard: int = 0) -> None:
-        """Post step 0. `slot` tells in-flight segments apart (tag, scratch); `shard` the groups of one rank."""
-        self.t, self.buf, self.tag = t, buf, _TAG_CROSS + slot
+        """Post step 0. `slot` tells in-flight segments apart (tag, scratch), `shard` one rank's groups."""
+        self.t, self.buf, self.tag = t, buf, _TAG_CROSS + slot % _TAGS
         self.seg = bounds(buf.size, t.size)
         self.steps = 0 if t.size == 1 or buf.size == 0 else 2 * (t.size - 1)
         self.step = 0
@@ -157,6 +167,15 @@ class CrossRing:
         self.recv_seg = recv
         self.recv = self.t.irecv(into, (r - 1) % n, self.tag)
         self.sends.append(self.t.isend(self.buf[seg[send] : seg[send + 1]], (r + 1) % n, self.tag))
+
+    def ready(self) -> bool:
+        """Could `advance` run now without blocking? (False if the transport's requests cannot be tested.)"""
+        return (
+            self.step < self.steps
+            and self.recv is not None
+            and done(self.recv)
+            and all(done(req) for req in self.sends)
+        )
 
     def advance(self) -> None:
         """Complete the current step (wait, reduce) and post the next one, if any."""
@@ -189,7 +208,14 @@ def _segment(layout: NodeLayout, lo: int, hi: int) -> _Segment:
 
 
 def _node_reduce_scatter(
-    local: Transport, src: NDArray, dst: NDArray, s: _Segment, op: ReduceOp, chunk_bytes: int, in_place: bool
+    local: Transport,
+    src: NDArray,
+    dst: NDArray,
+    s: _Segment,
+    op: ReduceOp,
+    chunk_bytes: int,
+    in_place: bool,
+    poll: Poll | None = None,
 ) -> None:
     """Stage 1 on one segment: this rank's run of shards, reduced over the node, lands in place in dst."""
     sv, dv = src[s.lo : s.hi], dst[s.lo : s.hi]
@@ -203,16 +229,18 @@ def _node_reduce_scatter(
         if out is not mine:
             mine[...] = out
     else:  # our ring: 2-5x faster than Open MPI's MPI_Reduce_scatter (docs/collectives.md), any dtype
-        ring_reduce_scatter(local, sv, mine, offsets(s.counts), op, chunk_bytes)
+        ring_reduce_scatter(local, sv, mine, offsets(s.counts), op, chunk_bytes, poll)
 
 
-def _node_allgather(local: Transport, dst: NDArray, s: _Segment, op: ReduceOp, chunk_bytes: int) -> None:
+def _node_allgather(
+    local: Transport, dst: NDArray, s: _Segment, op: ReduceOp, chunk_bytes: int, poll: Poll | None = None
+) -> None:
     """Stage 3 on one segment (our ring: MPI_Allgatherv is erratic across MPIs)."""
     dv = dst[s.lo : s.hi]
     if _native_inside(local, dv, op):
         local.allgatherv(dv, s.counts)
     else:
-        ring_allgather(local, dv, offsets(s.counts), max(1, chunk_bytes // dst.dtype.itemsize))
+        ring_allgather(local, dv, offsets(s.counts), max(1, chunk_bytes // dst.dtype.itemsize), poll)
 
 
 def _pipelinable(layout: NodeLayout) -> bool:
@@ -240,7 +268,7 @@ def hierarchical_allreduce(
     if k == 1 or not _pipelinable(layout):
         _one_after_another(layout, src, dst, op, chunk_bytes)
     else:
-        _pipelined(layout, src, dst, op, chunk_bytes, k)
+        _pipelined(layout, src, dst, op, chunk_bytes, k, pipeline_lag(seg_bytes))
 
 
 def _one_after_another(
@@ -258,33 +286,48 @@ def _one_after_another(
 
 
 def _pipelined(
-    layout: NodeLayout, src: NDArray, dst: NDArray, op: ReduceOp, chunk_bytes: int, k: int
+    layout: NodeLayout, src: NDArray, dst: NDArray, op: ReduceOp, chunk_bytes: int, k: int, lag: int
 ) -> None:
-    """Segments through the three stages, overlapped (see `finish_iteration` for the schedule)."""
+    """Segments through the three stages, overlapped (see `finish_iteration` for the schedule).
+
+    The schedule fixes when a cross step must be complete at the latest; a step whose messages have already
+    arrived is completed earlier, whenever this rank waits for anything (`poll`, called from the node
+    stages' waits), so the next step's messages go on the link without waiting for the schedule. Completing
+    early only ever posts sends sooner and never blocks, so the deadlock argument is untouched."""
     local, in_place = layout.local, dst is src
     cut = bounds(src.size, k)
     segments = [_segment(layout, cut[i], cut[i + 1]) for i in range(k)]
     steps = 2 * (_cross_size(layout) - 1)
+    slots = lag + steps + 1  # segments in flight at once, at most
     rings: dict[int, list[CrossRing]] = {}
-    for it in range(finish_iteration(k - 1, steps) + 1):
+    import os as _os  # XXX experiment
+    _np = _os.environ.get('XNOPOLL') == '1'
+
+    def poll() -> None:
+        for in_flight in rings.values():
+            for ring in in_flight:
+                while ring.ready():
+                    ring.advance()
+
+    for it in range(finish_iteration(k - 1, steps, lag) + 1):
         if it < k:
             s = segments[it]
-            _node_reduce_scatter(local, src, dst, s, op, chunk_bytes, in_place)
+            _node_reduce_scatter(local, src, dst, s, op, chunk_bytes, in_place, None if _np else poll)
             sb = bounds(s.hi - s.lo, layout.shards)
             rings[it] = [
-                CrossRing(layout.shard_groups[j], dst[s.lo + sb[j] : s.lo + sb[j + 1]], op, it % _SLOTS, j)
+                CrossRing(layout.shard_groups[j], dst[s.lo + sb[j] : s.lo + sb[j + 1]], op, it % slots, j)
                 for j in sorted(layout.shard_groups)
             ]
-        # Newest first: its messages were posted before the older segment's, so they arrive first.
+        # Steps due by now; newest segment first: its messages were posted first, so they arrive first.
         for seg in sorted(rings, reverse=True):
-            if it >= seg + PIPELINE_LAG:
-                for ring in rings[seg]:
-                    if ring.step < ring.steps:
-                        ring.advance()
-        done = [seg for seg in sorted(rings) if finish_iteration(seg, steps) == it]
-        for seg in done:
+            due = min(steps, it - seg - lag + 1)
+            for ring in rings[seg]:
+                while ring.step < min(due, ring.steps):
+                    ring.advance()
+        finished = [seg for seg in sorted(rings) if finish_iteration(seg, steps, lag) == it]
+        for seg in finished:
             del rings[seg]
-            _node_allgather(local, dst, segments[seg], op, chunk_bytes)
+            _node_allgather(local, dst, segments[seg], op, chunk_bytes, None if _np else poll)
 
 
 def _cross_size(layout: NodeLayout) -> int:

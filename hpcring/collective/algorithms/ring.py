@@ -32,10 +32,43 @@ _TAG_AG = 0x4853  # allgather phase
 
 # store(segment, step) -> where the reduction of `segment` computed at `step` goes (its length matches).
 Store = Callable[[int, int], NDArray]
+# poll() -> None: other work to drive while this ring waits (the hierarchical pipeline's cross-node steps).
+Poll = Callable[[], None]
+
+
+def done(req: Request) -> bool:
+    """Has `req` completed? Uses the request's optional non-blocking `test()`; a request without one (a
+    transport that cannot test) reports False, so callers fall back to a blocking wait."""
+    test = getattr(req, "test", None)
+    return bool(test()) if test is not None else False
+
+
+def _wait(req: Request, poll: Poll | None) -> None:
+    """Wait for `req`; with `poll`, call it until the request completes instead of blocking inside MPI (both
+    progress every pending MPI request, but polling also lets the caller post new work meanwhile)."""
+    if poll is not None and hasattr(req, "test"):
+        while not done(req):
+            poll()
+    else:
+        req.wait()
+
+
+def _wait_all(t: Transport, reqs: list[Request], poll: Poll | None) -> None:
+    if poll is None:
+        t.wait_all(reqs)
+    else:
+        for req in reqs:
+            _wait(req, poll)
 
 
 def _reduce_scatter_phase(
-    t: Transport, src: NDArray, seg: list[int], op: ReduceOp, chunk: int, store: Store
+    t: Transport,
+    src: NDArray,
+    seg: list[int],
+    op: ReduceOp,
+    chunk: int,
+    store: Store,
+    poll: Poll | None = None,
 ) -> None:
     """Run the n-1 reduce-scatter steps; then `store(t.rank, n-2)` holds segment t.rank fully reduced.
 
@@ -67,24 +100,24 @@ def _reduce_scatter_phase(
         recvs = upcoming
         if step + 1 < n - 1:
             upcoming = post_recvs(step + 1)
-        t.wait_all(pending[step % 2])  # the store of step-2 may alias this step's store
+        _wait_all(t, pending[step % 2], poll)  # the store of step-2 may alias this step's store
         pending[step % 2] = []
         _, b = ring_reduce_segment(r, n, step)
         dest, base = store(b, step), seg[b]
         for req, buf, lo, hi in recvs:
-            req.wait()
+            _wait(req, poll)
             out = dest[lo - base : hi - base]
             combine(buf, src[lo:hi], out=out)
             if step + 1 < n - 1:
                 pending[step % 2].append(t.isend(out, right, _TAG_RS))
-    t.wait_all(pending[0] + pending[1])
+    _wait_all(t, pending[0] + pending[1], poll)
 
 
-def ring_allgather(t: Transport, dst: NDArray, seg: list[int], chunk: int) -> None:
+def ring_allgather(t: Transport, dst: NDArray, seg: list[int], chunk: int, poll: Poll | None = None) -> None:
     """In-place allgather: rank r owns [seg[r], seg[r+1]) of dst; every chunk is forwarded on arrival.
 
     Used by the allreduce and inside the node by the hierarchical algorithm: MPICH's MPI_Allgatherv measured
-    up to 35x slower than this on oversubscribed cores (docs/collectives.md)."""
+    up to 35x slower than this on oversubscribed cores (docs/collectives.md). `poll`: see `_wait`."""
     if t.size == 1:
         return
     n, r = t.size, t.rank
@@ -101,10 +134,10 @@ def ring_allgather(t: Transport, dst: NDArray, seg: list[int], chunk: int) -> No
     sends = [t.isend(dst[lo:hi], right, _TAG_AG) for lo, hi in chunk_ranges(seg[r], seg[r + 1], chunk)]
     for step in range(n - 1):
         for req, lo, hi in recvs[step]:
-            req.wait()
+            _wait(req, poll)
             if step + 1 < n - 1:
                 sends.append(t.isend(dst[lo:hi], right, _TAG_AG))
-    t.wait_all(sends)
+    _wait_all(t, sends, poll)
 
 
 def ring_allreduce(
@@ -130,9 +163,10 @@ def ring_reduce_scatter(
     seg: list[int],
     op: ReduceOp,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    poll: Poll | None = None,
 ) -> None:
     """out = reduction of segment `t.rank` ([seg[r], seg[r+1]) of src) over the group. src is left
-    untouched."""
+    untouched. `poll`: see `_wait`."""
     n, r = t.size, t.rank
     if n == 1:
         out[...] = src[seg[0] : seg[1]]
@@ -149,4 +183,4 @@ def ring_reduce_scatter(
             return out
         return partial[step % 2][: seg[b + 1] - seg[b]]
 
-    _reduce_scatter_phase(t, src, seg, op, chunk, store)
+    _reduce_scatter_phase(t, src, seg, op, chunk, store, poll)

@@ -23,7 +23,12 @@ NDArray = np.ndarray[Any, Any]
 
 
 class Request(Protocol):
-    """A pending non-blocking transfer."""
+    """A pending non-blocking transfer.
+
+    Optional method: `test() -> bool`, true once the transfer has completed, never blocking. The hierarchical
+    pipeline uses it to post the next cross-node step as soon as the previous one lands, while it waits inside
+    the node (`ring.done`); a request without it is simply waited for at the scheduled point.
+    """
 
     def wait(self) -> None: ...
 

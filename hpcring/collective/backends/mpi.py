@@ -69,6 +69,10 @@ class _Request:
     def wait(self) -> None:
         self._req.Wait()
 
+    def test(self) -> bool:
+        """Non-blocking completion check (drives MPI progress once); optional in the Request protocol."""
+        return bool(self._req.Test())
+
 
 def _displs(counts: Sequence[int]) -> list[int]:
     out, acc = [], 0

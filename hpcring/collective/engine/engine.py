@@ -22,8 +22,10 @@ cached requests that wait too long are re-announced through the table so they ar
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import logging
+import queue
 import threading
 import time
 import weakref
@@ -161,7 +163,9 @@ class Engine:
         self.world_rank: int = world.rank
         self.world_size: int = world.size
         self._lock = threading.Lock()
-        self._wake = threading.Condition(self._lock)
+        # Wake-up tokens for the engine thread: a C queue, so a submit wakes it with one hand-off (a Condition
+        # would wake it while the submitter still holds the lock, costing a second switch).
+        self._wake: queue.SimpleQueue[None] = queue.SimpleQueue()
         self._sets: dict[int, _SetState] = {}
         self._set_ranks: dict[int, tuple[int, ...]] = {}  # every registered set, member or not
         self._next_set_id = 1
@@ -220,7 +224,7 @@ class Engine:
                 st = sets[req.process_set_id]
                 st.inflight[req.sig.name] = req
                 st.incoming.append(req)
-            self._wake.notify()
+        self._wake.put(None)
 
     def _member_state(self, set_id: int) -> _SetState:
         st = self._sets.get(set_id)
@@ -281,7 +285,7 @@ class Engine:
             self._closed = True
             if self._stop_reason is None:
                 self._stop_reason = reason
-            self._wake.notify()
+        self._wake.put(None)
         self._thread.join(timeout)
         if self._thread.is_alive():
             log.error("engine thread did not stop within %.0f s (a peer rank may have died)", timeout)
@@ -363,16 +367,20 @@ class Engine:
         thread at once, so a lone synchronous op does not pay the window; after many idle cycles the wait
         grows to _IDLE_WAIT_S (still woken by a submit) to leave the CPU to the training.
         """
+        wake = self._wake
+        while not wake.empty():  # tokens of submissions this cycle already took in
+            wake.get_nowait()
         with self._lock:
             if self._closed:
                 return
             if any(st.incoming for st in self._sets.values()):
                 return
             locally_idle = not any(st.inflight for st in self._sets.values())
-            if locally_idle:
-                long_idle = self._idle_cycles > _IDLE_CYCLES_BEFORE_BACKOFF
-                self._wake.wait(max(period, _IDLE_WAIT_S) if long_idle else period)
-                return
+        if locally_idle:
+            long_idle = self._idle_cycles > _IDLE_CYCLES_BEFORE_BACKOFF
+            with contextlib.suppress(queue.Empty):  # a submit after the check above left a token: no wait
+                wake.get(timeout=max(period, _IDLE_WAIT_S) if long_idle else period)
+            return
         delay = start + period - time.monotonic()
         if delay > 0:
             time.sleep(delay)

@@ -74,22 +74,25 @@ def signature_shape(op_type: OpType, shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(shape)
 
 
-# One condition for every handle: the engine completes a whole batch of handles, then wakes the waiting
-# callers once. (A per-handle Event cost ~3 us to create, and one lock round trip with a possible thread
-# switch per tensor to set; on a crowded CPU those switches dominated a fused step of hundreds of tensors.)
-_completed = threading.Condition(threading.Lock())
+# Completion is a single hand-off: a waiting caller sleeps on its own "gate" lock, registered under
+# `_registry`; the engine marks a whole batch of handles done under `_registry`, lets go of it, and only then
+# opens the gates. (A per-handle Event cost ~3 us to create; and any Condition wakes the waiter while the
+# notifier still holds the condition's lock, so the waiter wakes, blocks on that lock and is woken a second
+# time: on a crowded CPU every such switch costs tens of microseconds to milliseconds.)
+_registry = threading.Lock()
 
 
 class Handle:
     """Completion of one request: set once by the engine thread, waited on by the caller."""
 
-    __slots__ = ("_done", "_error", "_result", "name")
+    __slots__ = ("_done", "_error", "_gates", "_result", "name")
 
     def __init__(self, name: str) -> None:
         self.name = name
         self._done = False
         self._result: Any = None
         self._error: BaseException | None = None
+        self._gates: list[threading.Lock] | None = None  # locks of the threads blocked in wait()
 
     def done(self) -> bool:
         """True once the result (or error) is available; never blocks."""
@@ -97,17 +100,31 @@ class Handle:
 
     def wait(self, timeout: float | None = None) -> Any:
         """Block until done and return the result, or raise the error the engine recorded for this request."""
-        if not self._done:
-            deadline = None if timeout is None else time.monotonic() + timeout
-            with _completed:
-                while not self._done:
-                    left = None if deadline is None else deadline - time.monotonic()
-                    if left is not None and left <= 0:
-                        raise TimeoutError(f"request {self.name!r} did not complete within {timeout} s")
-                    _completed.wait(left)
+        if not self._done and not self._block(timeout):
+            raise TimeoutError(f"request {self.name!r} did not complete within {timeout} s")
         if self._error is not None:
             raise self._error
         return self._result
+
+    def _block(self, timeout: float | None) -> bool:
+        """Sleep until `complete()` opens this thread's gate; False on timeout."""
+        gate = threading.Lock()
+        gate.acquire()
+        with _registry:
+            if self._done:
+                return True
+            if self._gates is None:
+                self._gates = [gate]
+            else:
+                self._gates.append(gate)
+        if gate.acquire(timeout=-1 if timeout is None else max(timeout, 0.0)):
+            return True
+        with _registry:
+            if self._done:  # completed just as the wait timed out
+                return True
+            if self._gates is not None:
+                self._gates.remove(gate)
+        return False
 
     def set_result(self, result: Any) -> None:
         complete([self], [result])
@@ -119,19 +136,24 @@ class Handle:
 def complete(
     handles: Sequence[Handle], results: Sequence[Any] | None, error: BaseException | None = None
 ) -> None:
-    """Finish many handles with one wake-up of the waiting threads: every result (or the shared error) is
-    stored first, then the waiters are notified once."""
+    """Finish many handles with one pass: results (or the shared error) are stored, every handle is marked
+    done under one lock round, and the blocked callers are woken after that lock is released."""
     if error is not None:
         for h in handles:
             h._error = error
-            h._done = True
     else:
         assert results is not None
         for h, res in zip(handles, results, strict=True):
             h._result = res
+    gates: list[threading.Lock] = []
+    with _registry:
+        for h in handles:
             h._done = True
-    with _completed:
-        _completed.notify_all()
+            if h._gates is not None:
+                gates.extend(h._gates)
+                h._gates = None
+    for gate in gates:
+        gate.release()
 
 
 class Request:
