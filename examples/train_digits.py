@@ -92,7 +92,7 @@ def train_epoch(
         loss = F.cross_entropy(model(x), y)
         loss.backward()
         opt.step()
-        total, batches = total + float(loss), batches + 1
+        total, batches = total + loss.item(), batches + 1
     return metric_average(total / max(batches, 1), "train_loss")
 
 
