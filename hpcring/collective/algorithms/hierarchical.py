@@ -9,7 +9,7 @@ smaller node own several shards and take part in several cross groups, always in
 blocking groups can never wait on each other.
 
 Large buffers are pipelined (docs/collectives.md, "Hierarchical pipeline"): the buffer is cut into segments
-(1 MiB by default), each with the same shard cut, and while earlier segments cross the network (non-blocking
+(2 MiB by default), each with the same shard cut, and while earlier segments cross the network (non-blocking
 point-to-point ring steps, `CrossRing`) the node reduce-scatters the next one and allgathers one whose cross
 stage is done. Run one after another, the node-local stages add their whole time to the link time;
 pipelined, they hide under it, as the flat ring hides its own in-node edges. No thread is needed: MPI
@@ -50,14 +50,18 @@ from hpcring.collective.selection import choose_algorithm, segment_bytes
 NDArray = np.ndarray[Any, Any]
 
 # Pipeline segment: small enough that the first reduce-scatter and the last allgather (the only node-local
-# work the link cannot hide) are short; the same size as the ring's chunks, whose per-message overhead the
-# ring already pays. Measured on the 2-node netns cluster (docs/bench-netns.md): 1 MiB beat 2 and 4 MiB.
-DEFAULT_SEGMENT_BYTES = 1 << 20
-# How much a rank may have posted across nodes ahead of the schedule's forced waits: while the node stages
-# wait for a slower local peer, this much keeps the link busy. 6 MiB measured best (4 and 8 MiB were slower).
-IN_FLIGHT_BYTES = 6 << 20
-_TAG_CROSS = 0x4860  # + in-flight slot (mod _TAGS); ring.py uses 0x4852/0x4853
-_TAGS = 256
+# work the link cannot hide) are short, large enough that per-segment overhead stays small. Measured on the
+# 2-node netns cluster (docs/bench-netns.md): Open MPI liked 1-2 MiB, MPICH 2-4 MiB; 2 MiB suits both.
+DEFAULT_SEGMENT_BYTES = 2 << 20
+# How far (in bytes of segments) a rank may run ahead of the schedule's forced cross-node waits. The two
+# ranks of a node drive two TCP flows that share the link unevenly; with a deep window neither runs dry
+# while its node peer catches up. Measured (docs/bench-netns.md): 6 -> 24 MiB took 64 MiB at 200 Mbit/s
+# from 3.7 to 3.1 s and cost nothing at 1 Gbit/s.
+IN_FLIGHT_BYTES = 24 << 20
+# Cross-node messages are tagged by in-flight slot: early completion makes the order in which two peers post
+# steps of different segments timing-dependent, so only distinct tags keep them from matching each other.
+_TAG_CROSS = 0x4860  # ring.py uses 0x4852/0x4853; MPI guarantees tags up to 32767
+_MAX_SLOTS = 8192  # pipelines needing more segments in flight (thousands of nodes) run unpipelined
 
 
 @dataclass(frozen=True)
@@ -139,7 +143,7 @@ class CrossRing:
 
     def __init__(self, t: Transport, buf: NDArray, op: ReduceOp, slot: int, shard: int = 0) -> None:
         """Post step 0. `slot` tells in-flight segments apart (tag, scratch), `shard` one rank's groups."""
-        self.t, self.buf, self.tag = t, buf, _TAG_CROSS + slot % _TAGS
+        self.t, self.buf, self.tag = t, buf, _TAG_CROSS + slot
         self.seg = bounds(buf.size, t.size)
         self.steps = 0 if t.size == 1 or buf.size == 0 else 2 * (t.size - 1)
         self.step = 0
@@ -243,9 +247,20 @@ def _node_allgather(
         ring_allgather(local, dv, offsets(s.counts), max(1, chunk_bytes // dst.dtype.itemsize), poll)
 
 
-def _pipelinable(layout: NodeLayout) -> bool:
-    """Pipelining uses numpy reductions between point-to-point steps across nodes; a transport that asks for
-    its own collectives (`prefer_native`, e.g. NCCL on device buffers) keeps the one-after-another stages."""
+def _slots(layout: NodeLayout, lag: int) -> int:
+    """Segments that can be in flight at once (each needs its own tag and scratch): a segment's cross ring
+    lives from its start to its last step, lag + 2(N-1) - 1 iterations later."""
+    return lag + 2 * (_cross_size(layout) - 1) + 1
+
+
+def _pipelinable(layout: NodeLayout, lag: int) -> bool:
+    """Is there anything to overlap? Only with several nodes (a cross stage) and a node of several ranks (a
+    node stage); on one node the pipeline would only add messages. Decided from what every rank agrees on
+    (the largest node's size, the node count), never from this node's own size. A transport that asks for
+    its own collectives (`prefer_native`, e.g. NCCL on device buffers) keeps the one-after-another stages:
+    the pipeline reduces with numpy between point-to-point steps."""
+    if layout.shards == 1 or _cross_size(layout) == 1 or _slots(layout, lag) > _MAX_SLOTS:
+        return False
     groups = [layout.local, *layout.shard_groups.values()]
     return not any(getattr(t, "prefer_native", False) for t in groups)
 
@@ -265,10 +280,11 @@ def hierarchical_allreduce(
         return
     seg_bytes = segment_bytes(DEFAULT_SEGMENT_BYTES) if seg_bytes is None else seg_bytes
     k = segment_count(src.nbytes, count, seg_bytes)
-    if k == 1 or not _pipelinable(layout):
+    lag = pipeline_lag(seg_bytes)
+    if k == 1 or not _pipelinable(layout, lag):
         _one_after_another(layout, src, dst, op, chunk_bytes)
     else:
-        _pipelined(layout, src, dst, op, chunk_bytes, k, pipeline_lag(seg_bytes))
+        _pipelined(layout, src, dst, op, chunk_bytes, k, lag)
 
 
 def _one_after_another(
@@ -298,10 +314,8 @@ def _pipelined(
     cut = bounds(src.size, k)
     segments = [_segment(layout, cut[i], cut[i + 1]) for i in range(k)]
     steps = 2 * (_cross_size(layout) - 1)
-    slots = lag + steps + 1  # segments in flight at once, at most
+    slots = _slots(layout, lag)
     rings: dict[int, list[CrossRing]] = {}
-    import os as _os  # XXX experiment
-    _np = _os.environ.get('XNOPOLL') == '1'
 
     def poll() -> None:
         for in_flight in rings.values():
@@ -312,13 +326,13 @@ def _pipelined(
     for it in range(finish_iteration(k - 1, steps, lag) + 1):
         if it < k:
             s = segments[it]
-            _node_reduce_scatter(local, src, dst, s, op, chunk_bytes, in_place, None if _np else poll)
+            _node_reduce_scatter(local, src, dst, s, op, chunk_bytes, in_place, poll)
             sb = bounds(s.hi - s.lo, layout.shards)
             rings[it] = [
                 CrossRing(layout.shard_groups[j], dst[s.lo + sb[j] : s.lo + sb[j + 1]], op, it % slots, j)
                 for j in sorted(layout.shard_groups)
             ]
-        # Steps due by now; newest segment first: its messages were posted first, so they arrive first.
+        # Steps due by now (any order is deadlock-free: each waits on messages posted in earlier iterations).
         for seg in sorted(rings, reverse=True):
             due = min(steps, it - seg - lag + 1)
             for ring in rings[seg]:
@@ -327,7 +341,7 @@ def _pipelined(
         finished = [seg for seg in sorted(rings) if finish_iteration(seg, steps, lag) == it]
         for seg in finished:
             del rings[seg]
-            _node_allgather(local, dst, segments[seg], op, chunk_bytes, None if _np else poll)
+            _node_allgather(local, dst, segments[seg], op, chunk_bytes, poll)
 
 
 def _cross_size(layout: NodeLayout) -> int:

@@ -127,8 +127,8 @@ def test_hierarchical_with_native_node_stages(
 @pytest.mark.parametrize("name", ("float32", "float16", "bfloat16", "int64", "bool"))
 def test_hierarchical_pipeline_segments(world: Topology, name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Tiny pipeline segments cut an uneven buffer into dozens of segments, each going through the node
-    reduce-scatter, the cross-node ring and the node allgather while other segments are in flight (one node:
-    no cross stage, same code path). Every op, in place and not."""
+    reduce-scatter, the cross-node ring and the node allgather while other segments are in flight (on
+    several nodes; one node runs the stages one after another). Every op, in place and not."""
     monkeypatch.setenv("HPCRING_HIER_SEGMENT_BYTES", "512")
     monkeypatch.setenv("HPCRING_RING_CHUNK_BYTES", "200")
     n, r, count = world.size, world.rank, 5003
