@@ -5,17 +5,22 @@ tests/ranked/torch_ops.)"""
 from __future__ import annotations
 
 import json
+import threading
+import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from hpcring.collective.engine import OpType, Signature, phases
 from hpcring.collective.engine.cache import ResponseCache
-from hpcring.collective.engine.engine import Response, plan_batches
+from hpcring.collective.engine.engine import Response, _pack_bits, _unpack_bits, plan_batches
+from hpcring.collective.engine.request import Handle, Request, complete
 from hpcring.collective.engine.timeline import Timeline
 from hpcring.collective.engine.validation import check_agreement
 from hpcring.config import DEFAULT_FUSION_THRESHOLD, EngineSettings, engine_settings
-from hpcring.errors import ConfigError
+from hpcring.errors import CollectiveError, ConfigError
 
 
 def sig(name: str, shape: tuple[int, ...] = (4,), dtype: str = "float32", **kw: object) -> Signature:
@@ -156,6 +161,7 @@ def test_operation_mismatch_and_device_mismatch() -> None:
 def test_plan_fuses_compatible_allreduces_up_to_the_threshold() -> None:
     rs = [Response(sig(f"a{i}", (256,)), None) for i in range(5)]  # 1 KiB each
     assert [len(b) for b in plan_batches(rs, 3 * 1024)] == [3, 2]
+    assert [len(b) for b in plan_batches(rs, 5 * 1024)] == [5], "exactly at the threshold: one batch"
     assert [len(b) for b in plan_batches(rs, 0)] == [1] * 5, "threshold 0 disables fusion"
     mixed = [
         Response(sig("f"), None),
@@ -168,6 +174,98 @@ def test_plan_fuses_compatible_allreduces_up_to_the_threshold() -> None:
     assert names == [["f", "f2"], ["d"], ["b"], ["f3"]], "looks past other dtypes, never past another op"
     errors = [Response(sig("e1"), None, error="bad"), Response(sig("e2"), None)]
     assert [len(b) for b in plan_batches(errors, 1 << 20)] == [1, 1]
+
+
+@given(st.sets(st.integers(0, 1023), max_size=300))
+def test_bit_sets_round_trip_in_order(bits: set[int]) -> None:
+    """The negotiation vector's bit sets: both packing paths (few bits: ints; many: numpy) agree with the
+    plain definition, and unpacking returns the positions in increasing order (the execution order)."""
+    mask = _pack_bits(iter(bits), len(bits))
+    assert mask == sum(1 << b for b in bits)
+    assert _unpack_bits(mask) == sorted(bits)
+
+
+def test_handles_complete_in_one_pass_and_wake_every_waiter() -> None:
+    handles = [Handle(f"h{i}") for i in range(3)]
+    got: list[object] = []
+    waiters = [threading.Thread(target=lambda h=h: got.append(h.wait(timeout=30))) for h in handles[:2]]
+    waiters.append(threading.Thread(target=lambda: got.append(handles[0].wait(timeout=30))))  # same handle
+    for w in waiters:
+        w.start()
+    time.sleep(0.05)  # let them block (the result is the same if they have not yet)
+    assert not any(h.done() for h in handles)
+    complete(handles, ["a", "b", "c"])
+    for w in waiters:
+        w.join(timeout=30)
+    assert sorted(map(str, got)) == ["a", "a", "b"] and all(h.done() for h in handles)
+    assert handles[2].wait(timeout=0) == "c", "an already completed handle answers without blocking"
+
+
+def test_handle_error_and_timeout() -> None:
+    h = Handle("slow")
+    with pytest.raises(TimeoutError, match=r"'slow' did not complete within 0\.05 s"):
+        h.wait(timeout=0.05)
+    assert h._gates == [], "a timed-out waiter unregisters its gate"
+    complete([h, Handle("other")], None, CollectiveError("boom"))
+    with pytest.raises(CollectiveError, match="boom"):
+        h.wait()
+
+
+def test_request_defaults() -> None:
+    s = sig("r")
+    req = Request(s, 0)
+    assert req.handle.name == "r" and req.tensor is None and req.output is None and req.submitted_at > 0
+    assert s.numel == 4 and sig("g", (-1, 3), op_type=OpType.ALLGATHER).numel == 0 and sig("e", ()).numel == 1
+
+
+def reference_plan(responses: list[Response], limit: int) -> list[list[str]]:
+    """The planning rule written plainly (the first version's loop), to check the fast paths against."""
+
+    def key(r: Response) -> tuple[object, ...] | None:
+        if r.sig.op_type is not OpType.ALLREDUCE or r.error is not None or limit <= 0:
+            return None
+        return (r.sig.dtype, r.sig.reduce_op, r.sig.prescale, r.sig.postscale, r.sig.device)
+
+    def size(r: Response) -> int:
+        return r.sig.numel * (8 if r.sig.dtype == "float64" else 4)
+
+    used, out = [False] * len(responses), []
+    for i, r in enumerate(responses):
+        if used[i]:
+            continue
+        used[i], batch, total = True, [r.sig.name], size(r)
+        if key(r) is not None:
+            for j in range(i + 1, len(responses)):
+                o = responses[j]
+                if o.sig.op_type is not OpType.ALLREDUCE:
+                    break
+                if not used[j] and key(o) == key(r) and total + size(o) <= limit:
+                    used[j], total = True, total + size(o)
+                    batch.append(o.sig.name)
+        out.append(batch)
+    return out
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from([OpType.ALLREDUCE] * 4 + [OpType.BARRIER, OpType.ALLGATHER]),
+            st.sampled_from(["float32", "float64"]),
+            st.integers(0, 64),
+            st.sampled_from([1.0, 0.5]),
+            st.booleans(),
+        ),
+        min_size=1,
+        max_size=12,
+    ),
+    st.sampled_from([0, 64, 256, 1 << 20]),
+)
+def test_plan_matches_the_plain_rule(items: list[tuple[OpType, str, int, float, bool]], limit: int) -> None:
+    rs = [
+        Response(sig(f"t{i}", (n,), dtype, op_type=op, prescale=pre), None, error="bad" if err else None)
+        for i, (op, dtype, n, pre, err) in enumerate(items)
+    ]
+    assert [[r.sig.name for r in b] for b in plan_batches(rs, limit)] == reference_plan(rs, limit)
 
 
 # ---------------------------------------------------------------- timeline

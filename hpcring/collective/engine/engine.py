@@ -25,6 +25,8 @@ import atexit
 import contextlib
 import functools
 import logging
+import math
+import operator
 import queue
 import threading
 import time
@@ -443,7 +445,7 @@ class Engine:
             op = sig.op_type
             if op is OpType.JOIN:
                 st.local_join = req
-            elif op in CACHEABLE:
+            elif op is OpType.ALLREDUCE or op in CACHEABLE:  # `is` first: hashing an Enum runs Python code
                 bit = lookup(sig)
                 if bit is not None:
                     cached_wait[bit] = req
@@ -686,7 +688,8 @@ class Engine:
             return
         put, cached_wait = st.cache.put, st.cached_wait
         for r in batch:
-            if r.sig.op_type in CACHEABLE:
+            op = r.sig.op_type
+            if op is OpType.ALLREDUCE or op in CACHEABLE:
                 evicted = put(r.sig)
                 if evicted is not None and evicted in cached_wait:
                     st.outbox.append(cached_wait.pop(evicted))
@@ -744,7 +747,7 @@ class Engine:
             with self._span(timeline, names, "COLLECTIVE"):
                 self._reduce(st, src, dst, sig)
             return [dst]
-        counts = [r.sig.numel for r in batch]
+        counts = list(map(math.prod, map(_SHAPE, (r.sig for r in batch))))  # allreduce shapes: no -1
         buf = st.fusion_view(dtype, sum(counts))
         with self._span(timeline, names, "MEMCPY_IN_FUSION_BUFFER"):
             parts: list[NDArray] = []
@@ -851,14 +854,22 @@ def plan_batches(responses: list[Response], limit: int) -> list[list[Response]]:
     if limit <= 0 or len(responses) == 1:
         return [[r] for r in responses]
     n = len(responses)
-    # Per response, computed once: None for what never fuses, else (fusion key, bytes); None also ends a
-    # look-ahead when it is not an allreduce at all.
-    allreduce = [r.sig.op_type is OpType.ALLREDUCE for r in responses]
-    keys = [
-        _fusion_key(r.sig) if ar and r.error is None else None
-        for r, ar in zip(responses, allreduce, strict=True)
+    sigs = [r.sig for r in responses]
+    keys = list(map(_FUSION_KEY, sigs))
+    if (  # the steady state, one group of like allreduces: decided with C-level passes over the lists
+        keys.count(keys[0]) == n
+        and list(map(_OP_TYPE, sigs)).count(OpType.ALLREDUCE) == n
+        and [r.error for r in responses].count(None) == n
+        and _itemsize(sigs[0].dtype) * sum(map(math.prod, map(_SHAPE, sigs))) <= limit
+    ):
+        return [list(responses)]
+    # Per response, computed once: its fusion key (None when it never fuses) and size; a look-ahead stops at
+    # the first response that is not an allreduce.
+    allreduce = [s.op_type is OpType.ALLREDUCE for s in sigs]
+    fusable = [
+        k if ar and r.error is None else None for r, k, ar in zip(responses, keys, allreduce, strict=True)
     ]
-    sizes = [_nbytes(r.sig) if k is not None else 0 for r, k in zip(responses, keys, strict=True)]
+    sizes = [_nbytes(r.sig) if k is not None else 0 for r, k in zip(responses, fusable, strict=True)]
     batches: list[list[Response]] = []
     used = [False] * n
     for i, r in enumerate(responses):
@@ -866,13 +877,13 @@ def plan_batches(responses: list[Response], limit: int) -> list[list[Response]]:
             continue
         used[i] = True
         batch = [r]
-        key = keys[i]
+        key = fusable[i]
         if key is not None:
             total = sizes[i]
             for j in range(i + 1, n):
                 if not allreduce[j]:
                     break
-                if used[j] or keys[j] != key or total + sizes[j] > limit:
+                if used[j] or fusable[j] != key or total + sizes[j] > limit:
                     continue
                 used[j] = True
                 batch.append(responses[j])
@@ -888,12 +899,27 @@ def _shutdown_at_exit(ref: weakref.ref[Engine]) -> None:
         engine.shutdown("this rank's process is exiting", timeout=10.0)
 
 
-def _fusion_key(sig: Signature) -> tuple[Any, ...]:
-    return (sig.dtype, sig.reduce_op, sig.prescale, sig.postscale, sig.device)
+# Signature fields read in bulk with C-level getters (NamedTuple positions): what must match to fuse
+# (dtype, reduce op, prescale, postscale, device), the op type and the shape.
+_FUSION_KEY = operator.itemgetter(
+    *(Signature._fields.index(f) for f in ("dtype", "reduce_op", "prescale", "postscale", "device"))
+)
+_OP_TYPE = operator.itemgetter(Signature._fields.index("op_type"))
+_SHAPE = operator.itemgetter(Signature._fields.index("shape"))
 
 
 def _nbytes(sig: Signature) -> int:
-    return sig.numel * numpy_dtype(sig.dtype).itemsize
+    return sig.numel * _itemsize(sig.dtype)
+
+
+def _itemsize(dtype: str) -> int:
+    size = _itemsizes.get(dtype)
+    if size is None:
+        size = _itemsizes[dtype] = numpy_dtype(dtype).itemsize
+    return size
+
+
+_itemsizes: dict[str, int] = {}  # by agreed dtype name (a dict lookup is cheaper than the lru_cache call)
 
 
 def _pack_bits(bits: Iterable[int], n: int) -> int:

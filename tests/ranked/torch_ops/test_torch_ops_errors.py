@@ -68,10 +68,17 @@ def test_cached_tensor_changing_shape_on_one_rank(hvd: ModuleType) -> None:
 
 
 def test_duplicate_in_flight_name_is_value_error(hvd: ModuleType) -> None:
-    h = hvd.allreduce_async(torch.ones(2), name="dup")
+    """Each rank resubmits a name while it is surely in flight: half the ranks start with "dup.a", the other
+    half with "dup.b", and each submits the other name only after a barrier that follows every rank's check,
+    so neither name can complete before the checks (with one name, a fast engine may finish it first)."""
+    n, r = hvd.size(), hvd.rank()
+    first, second = ("dup.a", "dup.b") if r % 2 == 0 else ("dup.b", "dup.a")
+    h = hvd.allreduce_async(torch.ones(2), name=first, op=hvd.Sum)
     with pytest.raises(ValueError, match="already in flight"):
-        hvd.allreduce_async(torch.ones(2), name="dup")
-    hvd.synchronize(h)
+        hvd.allreduce_async(torch.ones(2), name=first)
+    hvd.barrier()
+    h2 = hvd.allreduce_async(torch.ones(2), name=second, op=hvd.Sum)
+    assert hvd.synchronize(h).tolist() == hvd.synchronize(h2).tolist() == [float(n)] * 2
 
 
 def test_synchronous_value_errors(hvd: ModuleType) -> None:
