@@ -417,13 +417,8 @@ def grouped_allreduce_async(
     process_set: ProcessSet = global_process_set,
 ) -> int:
     """allreduce_async of a list of tensors under one handle (fused together by the engine)."""
-    op = handle_average_backwards_compatibility(op, average)
-    names = _group_names("allreduce", name, len(tensors), process_set)
-    return _submit_group(
-        lambda: [
-            allreduce_async(t, None, n, op, prescale_factor, postscale_factor, process_set)
-            for t, n in zip(tensors, names, strict=True)
-        ]
+    return _grouped_allreduce_submit(
+        allreduce_async, tensors, average, name, op, prescale_factor, postscale_factor, process_set
     )
 
 
@@ -437,11 +432,27 @@ def grouped_allreduce_async_(
     process_set: ProcessSet = global_process_set,
 ) -> int:
     """In-place grouped_allreduce_async."""
+    return _grouped_allreduce_submit(
+        allreduce_async_, tensors, average, name, op, prescale_factor, postscale_factor, process_set
+    )
+
+
+def _grouped_allreduce_submit(
+    single: Callable[..., int],
+    tensors: Sequence[Any],
+    average: Any,
+    name: str | None,
+    op: Any,
+    prescale_factor: float,
+    postscale_factor: float,
+    process_set: ProcessSet,
+) -> int:
+    """Submit one `single` allreduce per tensor (in place or not) as one atomic, fusable group."""
     op = handle_average_backwards_compatibility(op, average)
     names = _group_names("allreduce", name, len(tensors), process_set)
     return _submit_group(
         lambda: [
-            allreduce_async_(t, None, n, op, prescale_factor, postscale_factor, process_set)
+            single(t, None, n, op, prescale_factor, postscale_factor, process_set)
             for t, n in zip(tensors, names, strict=True)
         ]
     )
