@@ -1,18 +1,45 @@
-"""Container wrapping, hybrid-MPI style: the launcher starts the runtime, which starts the rank command.
+"""Container wrapping: the host launcher starts the runtime on every rank, which starts the rank command.
 
-`srun ... apptainer exec --rocm --bind /lustre image.sif python train.py`: MPI is started by the host's
-launcher
-and the MPI inside the image talks to it, which is how OLCF and most sites document Apptainer/Singularity
-jobs.
+`srun ... apptainer exec --rocm --bind /opt/cray --env LD_LIBRARY_PATH=... image.sif python train.py`.
+Two ways to get MPI inside (docs/containers.md, "Hybrid MPI"):
+
+- hybrid model (no `host_mpi` in the profile): the image's own MPI talks to the host launcher through PMI;
+- bind model (`host_mpi`): the host's MPI directories are bound in and its ABI-compatible libmpi replaces the
+  image's. mpi4py (4.1 PyPI wheel) picks the library named by MPI4PY_LIBMPI, resolved on LD_LIBRARY_PATH;
+  LD_LIBRARY_PATH alone is not enough because mpi4py first tries the venv's own lib directory by full path.
+
+Profile paths may hold `${NAME}` references (Cray's module-set `${CRAY_MPICH_ROOTDIR}`): they become
+`"${NAME}"` in the script, so the shell on the first node expands them; the script's container check stops
+the job before any launch when one is unset or empty. Everything else is quoted literally.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import posixpath
+import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from hpcring.errors import ConfigError, choices
-from hpcring.schedulers.model import RUNTIMES, Profile
+from hpcring.errors import ConfigError, ProfileError, choices
+from hpcring.schedulers.model import ABI_OF_SITE_MPI, RUNTIMES, Container, HostMpi, Profile
+from hpcring.schedulers.shell import Raw, quote
+
+# Where `host_mpi.libs` are bound inside the container; the hpcring images create it (containers/Dockerfile).
+HOST_LIBS_DIR = "/opt/hpcring/host-libs"
+# Where Apptainer/Singularity put the driver libraries of --nv/--rocm; kept on LD_LIBRARY_PATH explicitly in
+# case a runtime does not append it after our --env (Apptainer documents it as the default value).
+RUNTIME_LIBS_DIR = "/.singularity.d/libs"
+# Variables the bind model sets itself; a profile's container env may not set them too.
+HOST_MPI_VARS = ("LD_LIBRARY_PATH", "LD_PRELOAD", "MPI4PY_LIBMPI")
+
+_NAME = r"[A-Za-z_][A-Za-z0-9_]*"
+_REF = re.compile(r"\$\{(" + _NAME + r")\}")
+_LITERAL = re.compile(r"^[A-Za-z0-9_.+@%/-]*$")
+# --env values: one --env may carry several NAME=VALUE pairs separated by commas (so a value holding '=' can
+# be split), quotes are part of that syntax, and Apptainer evaluates `$` inside the container; none of that
+# may happen to a literal value.
+_ENV_VALUE_FORBIDDEN = ("=", "$", "`", '"', "\\")
 
 
 @dataclass(frozen=True)
@@ -22,6 +49,170 @@ class ContainerPlan:
     runtime: str
     image: str
     prefix: tuple[str, ...]
+    modules: tuple[str, ...] = ()  # loaded before the steps, only because the job runs in a container
+    required_vars: tuple[str, ...] = ()  # `${NAME}` the prefix expands: checked set before any launch
+    model: str = "hybrid"  # "hybrid": the image's MPI; "bind": the host's MPI library replaces it
+
+
+def host_path_parts(value: str) -> list[tuple[bool, str]]:
+    """Split `${A}/lib` into [(True, "A"), (False, "/lib")]: (is a reference, text)."""
+    parts: list[tuple[bool, str]] = []
+    pos = 0
+    for m in _REF.finditer(value):
+        if m.start() > pos:
+            parts.append((False, value[pos : m.start()]))
+        parts.append((True, m.group(1)))
+        pos = m.end()
+    if pos < len(value):
+        parts.append((False, value[pos:]))
+    return parts
+
+
+def check_host_path(value: str, field: str) -> str:
+    """A host path expression: absolute or starting with `${NAME}`, safe characters only, no ':' or ','."""
+    parts = host_path_parts(value)
+    allowed = (
+        "an absolute path or one starting with ${NAME}, made of letters, digits, _ . + @ % / - and ${NAME} "
+        "references (':' and ',' separate paths for the runtime, so they cannot be part of one)"
+    )
+    bad = [text for is_ref, text in parts if not is_ref and not _LITERAL.match(text)]
+    if bad or not parts:
+        raise ProfileError(f"{field}: {value!r} is not a host path; expected {allowed}")
+    first_is_ref, first = parts[0]
+    if not first_is_ref and not first.startswith("/"):
+        raise ProfileError(f"{field}: {value!r} is relative; expected {allowed}")
+    return value
+
+
+def expand(value: str) -> Raw:
+    """The shell word for a host path expression: literals quoted, `${NAME}` left for the shell to expand."""
+    return Raw(
+        "".join(f'"${{{text}}}"' if is_ref else quote(text) for is_ref, text in host_path_parts(value))
+    )
+
+
+def referenced_vars(m: HostMpi) -> tuple[str, ...]:
+    """The `${NAME}`s the host MPI paths use, in first-use order."""
+    names = [
+        text
+        for value in (*m.binds, *m.libs, *m.lib_dirs, *m.preload)
+        for is_ref, text in host_path_parts(value)
+        if is_ref
+    ]
+    return tuple(dict.fromkeys(names))
+
+
+def _unique(values: Sequence[str], field: str) -> None:
+    seen: set[str] = set()
+    for v in values:
+        if v in seen:
+            raise ProfileError(f"{field}: {v!r} is listed twice; list each path once")
+        seen.add(v)
+
+
+def _paths(d: Mapping[str, Any], key: str, field: str) -> tuple[str, ...]:
+    values = tuple(check_host_path(v, f"{field}.{key}[{i}]") for i, v in enumerate(d.get(key, [])))
+    _unique(values, f"{field}.{key}")
+    return values
+
+
+def _host_mpi(d: Mapping[str, Any], site_mpi: str, where: str) -> HostMpi:
+    field = f"{where}: site.container.host_mpi"
+    abi = d["abi"]
+    family = ABI_OF_SITE_MPI.get(site_mpi)
+    if family != abi:
+        fits = [m for m, f in ABI_OF_SITE_MPI.items() if f == abi]
+        raise ProfileError(
+            f"{field}.abi: {abi!r} does not fit site.mpi {site_mpi!r}; the {abi} ABI is provided by "
+            f"{choices(fits)}"
+            + (
+                " (Spectrum MPI ships libmpi_ibm.so, ABI-compatible with neither family)"
+                if site_mpi == "spectrum-mpi"
+                else ""
+            )
+        )
+    libs = _paths(d, "libs", field)
+    names = [posixpath.basename(v) for v in libs]
+    for i, (lib, name) in enumerate(zip(libs, names, strict=True)):
+        if _REF.search(name) or not name:
+            raise ProfileError(
+                f"{field}.libs[{i}]: {lib!r} must end in a literal file name (it becomes "
+                f"{HOST_LIBS_DIR}/<name> inside the container)"
+            )
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise ProfileError(f"{field}.libs: file name {dup[0]!r} appears twice; each lands in {HOST_LIBS_DIR}")
+    return HostMpi(
+        abi=abi,
+        modules=tuple(d.get("modules", [])),
+        binds=_paths(d, "binds", field),
+        libs=libs,
+        lib_dirs=_paths(d, "lib_dirs", field),
+        preload=_paths(d, "preload", field),
+    )
+
+
+def _env(d: Mapping[str, Any], field: str, has_host_mpi: bool) -> tuple[tuple[str, str], ...]:
+    out = []
+    for name, raw in (d or {}).items():
+        value = ("1" if raw else "0") if isinstance(raw, bool) else str(raw)
+        bad = [c for c in _ENV_VALUE_FORBIDDEN if c in value] + [c for c in "\n\r\0" if c in value]
+        if bad:
+            raise ProfileError(
+                f"{field}.{name}: value {value!r} contains {bad[0]!r}; --env values may not contain "
+                f"{choices(_ENV_VALUE_FORBIDDEN)} or line breaks"
+            )
+        if has_host_mpi and name in HOST_MPI_VARS:
+            raise ProfileError(
+                f"{field}.{name}: set by site.container.host_mpi; use host_mpi.lib_dirs / preload instead"
+            )
+        out.append((name, value))
+    return tuple(out)
+
+
+def from_profile(c: Mapping[str, Any] | None, site_mpi: str, where: str) -> Container | None:
+    """The Container of a schema-valid `site.container`, after the checks a schema cannot make."""
+    if not c:
+        return None
+    field = f"{where}: site.container"
+    devices = tuple(c.get("devices", []))
+    for i, dev in enumerate(devices):
+        if not _LITERAL.match(dev) or "/../" in dev + "/":
+            raise ProfileError(
+                f"{field}.devices[{i}]: {dev!r} is not a plain device path; expected /dev/NAME with letters, "
+                "digits and _ . + @ % / -"
+            )
+    host_mpi = _host_mpi(c["host_mpi"], site_mpi, where) if c.get("host_mpi") else None
+    return Container(
+        runtime=c["runtime"],
+        binds=tuple(c.get("binds", [])),
+        extra_args=tuple(c.get("extra_args", [])),
+        devices=devices,
+        env=_env(c.get("env", {}), f"{field}.env", host_mpi is not None),
+        host_mpi=host_mpi,
+    )
+
+
+def host_mpi_args(m: HostMpi) -> list[str]:
+    """`--bind`/`--env` words of the bind model: host MPI paths in, its libmpi first on the library path."""
+    argv: list[str] = []
+    for b in m.binds:
+        argv += ["--bind", expand(b)]
+    for lib in m.libs:
+        dest = f"{HOST_LIBS_DIR}/{posixpath.basename(lib)}"
+        argv += ["--bind", Raw(expand(lib) + ":" + quote(dest))]
+    dirs = [expand(d) for d in m.lib_dirs]
+    if m.libs:
+        dirs.append(Raw(quote(HOST_LIBS_DIR)))
+    # `$LD_LIBRARY_PATH` reaches the runtime literally (single quotes): Apptainer evaluates it inside the
+    # container, keeping the image's own entries after the host's.
+    path = ":".join([*dirs, RUNTIME_LIBS_DIR, "'$LD_LIBRARY_PATH'"])
+    argv += ["--env", Raw("LD_LIBRARY_PATH=" + path)]
+    argv += ["--env", f"MPI4PY_LIBMPI={m.soname}"]
+    if m.preload:
+        joined = ":".join(expand(p) for p in m.preload)
+        argv += ["--env", Raw("LD_PRELOAD=" + joined)]
+    return argv
 
 
 def plan(profile: Profile, image: str | None, binds: Sequence[str], uses_gpus: bool) -> ContainerPlan | None:
@@ -37,7 +228,17 @@ def plan(profile: Profile, image: str | None, binds: Sequence[str], uses_gpus: b
     argv: list[str] = [c.runtime, "exec"]
     if uses_gpus:
         argv.append("--rocm" if profile.node.gpu_vendor == "amd" else "--nv")
-    for b in (*c.binds, *binds):
+    for b in (*c.binds, *c.devices):
         argv += ["--bind", b]
+    if c.host_mpi is not None:
+        argv += host_mpi_args(c.host_mpi)
+    for b in binds:
+        argv += ["--bind", b]
+    for name, value in c.env:
+        argv += ["--env", f"{name}={value}"]
     argv += [*c.extra_args, image]
-    return ContainerPlan(c.runtime, image, tuple(argv))
+    if c.host_mpi is None:
+        return ContainerPlan(c.runtime, image, tuple(argv))
+    return ContainerPlan(
+        c.runtime, image, tuple(argv), c.host_mpi.modules, referenced_vars(c.host_mpi), model="bind"
+    )

@@ -118,13 +118,49 @@ class Partition:
         return self.max_walltime_s
 
 
+MPI_ABIS: tuple[str, ...] = ("mpich", "openmpi")
+# The soname an MPI of each ABI family provides (MPICH ABI initiative: libtool version 12; Open MPI >= 3: 40).
+LIBMPI_SONAME: dict[str, str] = {"mpich": "libmpi.so.12", "openmpi": "libmpi.so.40"}
+# Which host MPI (`site.mpi`) belongs to which ABI family. Spectrum MPI is Open MPI-derived but ships
+# libmpi_ibm.so, so neither family's soname exists on such a host.
+ABI_OF_SITE_MPI: dict[str, str] = {
+    "mpich": "mpich",
+    "cray-mpich": "mpich",
+    "intel-mpi": "mpich",
+    "openmpi": "openmpi",
+}
+
+
+@dataclass(frozen=True)
+class HostMpi:
+    """The bind model: the host's MPI library replaces the image's at run time (ABI-compatible sonames).
+
+    Paths may hold `${NAME}` references to the job's environment (e.g. `${CRAY_MPICH_ROOTDIR}`, set by the
+    site's modules): they are expanded by the job script on the first node, never by hpcring.
+    """
+
+    abi: str  # "mpich" (libmpi.so.12) or "openmpi" (libmpi.so.40)
+    modules: tuple[str, ...] = ()  # loaded only for container jobs (e.g. cray-mpich-abi)
+    binds: tuple[str, ...] = ()  # host directories bound at the same path (MPI prefix, PMI sockets)
+    libs: tuple[str, ...] = ()  # single host libraries the MPI needs, bound into HOST_LIBS_DIR
+    lib_dirs: tuple[str, ...] = ()  # container paths put first on LD_LIBRARY_PATH
+    preload: tuple[str, ...] = ()  # LD_PRELOAD inside the container (e.g. Cray's GPU transport layer)
+
+    @property
+    def soname(self) -> str:
+        return LIBMPI_SONAME[self.abi]
+
+
 @dataclass(frozen=True)
 class Container:
-    """How the site runs images: runtime, default binds and the GPU flag implied by the vendor."""
+    """How the site runs images: runtime, binds, devices, environment and (optionally) the host MPI."""
 
     runtime: str
     binds: tuple[str, ...] = ()
     extra_args: tuple[str, ...] = ()
+    devices: tuple[str, ...] = ()  # e.g. /dev/infiniband: bound at the same path
+    env: tuple[tuple[str, str], ...] = ()  # --env NAME=VALUE
+    host_mpi: HostMpi | None = None
 
 
 @dataclass(frozen=True)

@@ -259,7 +259,7 @@ def build(
         summary=summary,
         directive_prefix=sched.directive_prefix,
         directives=tuple(sched.directives(rm, job, account)),
-        modules=(*site.modules, *job.modules),
+        modules=(*site.modules, *(ctr.modules if ctr else ()), *job.modules),
         env=tuple(_env(rm, job, sched)),
         workdir=job.workdir,
         files=tuple(files),

@@ -18,9 +18,8 @@ from typing import Any
 import yaml
 
 from hpcring.errors import ProfileError, choices
-from hpcring.schedulers import cpuset, walltime
+from hpcring.schedulers import containers, cpuset, walltime
 from hpcring.schedulers.model import (
-    Container,
     Gpu,
     LsfOptions,
     Nic,
@@ -226,10 +225,7 @@ def _site(d: Mapping[str, Any], node: Node, where: str) -> Site:
         raise err("partitions", f"partition names must be unique, got {names}")
     if sum(p.default for p in partitions) > 1:
         raise err("partitions", "at most one partition may be the default")
-    c = d.get("container")
-    container = (
-        Container(c["runtime"], tuple(c.get("binds", [])), tuple(c.get("extra_args", []))) if c else None
-    )
+    container = containers.from_profile(d.get("container"), d.get("mpi", "openmpi"), where)
     s, lsf = d.get("slurm", {}), d.get("lsf", {})
     if s and sched != "slurm":
         raise err("slurm", f"Slurm options given but the scheduler is {sched!r}")

@@ -59,6 +59,8 @@ def _describe(error: Any) -> str:
         return f"{inst!r} has the wrong type; expected {choices(_as_list(error.validator_value))}"
     if v in ("minimum", "maximum", "minItems", "minLength"):
         return f"{inst!r} is too small or too large ({v} {error.validator_value!r})"
+    if v == "uniqueItems":
+        return f"{inst!r} lists an item more than once; list each one once"
     if v == "pattern":
         return f"{inst!r} does not match the expected form {error.validator_value!r}"
     if v == "oneOf":

@@ -7,6 +7,7 @@ the input exactly; a canary proves nothing else ran. A newline bound for a direc
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +19,8 @@ from hypothesis import HealthCheck, given, settings
 from sched_helpers import make_plan, render_plan
 
 from hpcring.errors import ConfigError
-from hpcring.schedulers import shell
+from hpcring.schedulers import containers, profile, shell
+from hpcring.schedulers.model import HostMpi
 
 RECORDER = """#!{python}
 import json, os, sys
@@ -70,7 +72,7 @@ def sandbox(tmp_path: Path) -> dict[str, Any]:
 
 
 def run_script(
-    box: dict[str, Any], text: str
+    box: dict[str, Any], text: str, extra_env: dict[str, str] | None = None
 ) -> tuple[subprocess.CompletedProcess[str], list[dict[str, Any]]]:
     tmp: Path = box["tmp"]
     script = tmp / "job.sh"
@@ -86,6 +88,7 @@ def run_script(
         "LSB_DJOB_HOSTFILE": str(box["hostfile"]),
         "TMPDIR": str(tmp),
         "HOME": str(tmp),
+        **(extra_env or {}),
     }
     res = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env, cwd=tmp, timeout=60)
     calls = [json.loads(line) for line in record.read_text().splitlines()] if record.exists() else []
@@ -153,8 +156,29 @@ def test_nasty_strings_reach_the_ranks_verbatim(profile: str, payload: str, sand
     check(profile, payload, sandbox)
 
 
+def expected_host_mpi_words(host_mpi: HostMpi, env: dict[str, str]) -> list[str]:
+    """The runtime words the bind model must produce, from the profile's fields and the job's environment."""
+
+    def sub(value: str) -> str:
+        return re.sub(r"\$\{(\w+)\}", lambda m: env[m.group(1)], value)
+
+    words: list[str] = []
+    for b in host_mpi.binds:
+        words += ["--bind", sub(b)]
+    for lib in host_mpi.libs:
+        words += ["--bind", f"{sub(lib)}:{containers.HOST_LIBS_DIR}/{lib.rsplit('/', 1)[1]}"]
+    dirs = [sub(d) for d in host_mpi.lib_dirs] + ([containers.HOST_LIBS_DIR] if host_mpi.libs else [])
+    words += ["--env", "LD_LIBRARY_PATH=" + ":".join([*dirs, "/.singularity.d/libs", "$LD_LIBRARY_PATH"])]
+    words += ["--env", f"MPI4PY_LIBMPI={host_mpi.soname}"]
+    if host_mpi.preload:
+        words += ["--env", "LD_PRELOAD=" + ":".join(sub(p) for p in host_mpi.preload)]
+    return words
+
+
 @pytest.mark.parametrize("payload", ["$(touch {canary})", "a b;c", "x'y\"z\nw"])
 def test_container_paths_and_binds(payload: str, sandbox: dict[str, Any]) -> None:
+    """Hostile image and bind paths, and hostile values in the variables the host MPI paths expand (set by
+    site modules at run time): each reaches the runtime as one word, exactly, and nothing runs."""
     payload = payload.replace("{canary}", str(sandbox["canary"]))
     image = sandbox["tmp"] / f"img {payload.replace('/', '_')} $(touch canary).sif"
     image.write_text("")
@@ -166,23 +190,41 @@ def test_container_paths_and_binds(payload: str, sandbox: dict[str, Any]) -> Non
         binds=(f"/data/{payload}:/d",),
         command=("python", payload),
     )
-    res, calls = run_script(sandbox, render_plan(p))
+    assert p.container is not None and p.container.model == "bind"
+    module_env = {name: f"/opt/{name} {payload}" for name in p.container.required_vars}
+    res, calls = run_script(sandbox, render_plan(p), module_env)
     assert res.returncode == 0, res.stderr
     assert not sandbox["canary"].exists()
     (call,) = [c for c in calls if c["tool"] == "srun"]
     i = call["argv"].index("apptainer")
+    host_mpi = profile.load("frontier").site.container.host_mpi  # type: ignore[union-attr]
+    assert host_mpi is not None
     assert call["argv"][i:] == [
         "apptainer",
         "exec",
         "--rocm",
         "--bind",
         "/lustre/orion",
+        *expected_host_mpi_words(host_mpi, module_env),
         "--bind",
         f"/data/{payload}:/d",
         str(image),
         "python",
         payload,
     ]
+
+
+@pytest.mark.parametrize("unset", ["CRAY_MPICH_ROOTDIR", "LD_LIBRARY_PATH"])
+def test_unset_host_mpi_variable_stops_before_any_launch(unset: str, sandbox: dict[str, Any]) -> None:
+    image = sandbox["tmp"] / "train.sif"
+    image.write_text("")
+    p = make_plan("frontier", nodes=1, account="a", image=str(image), command=("true",))
+    assert p.container is not None and unset in p.container.required_vars
+    env = {name: "/opt/x" for name in p.container.required_vars if name != unset}
+    res, calls = run_script(sandbox, render_plan(p), env)
+    assert res.returncode == 2
+    assert f"hpcring: {unset} is not set; the host MPI paths of the profile" in res.stderr
+    assert [c for c in calls if c["tool"] == "srun"] == []
 
 
 def test_missing_image_stops_before_any_launch(sandbox: dict[str, Any]) -> None:

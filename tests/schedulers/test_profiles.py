@@ -231,3 +231,91 @@ def test_describe_cpus(table: dict[int, tuple[int, int]], expected: dict[str, An
 def test_describe_cpus_refuses_irregular_numbering() -> None:
     with pytest.raises(ProfileError, match="neither compact nor scatter"):
         local.describe_cpus({0: (0, 0), 1: (0, 1), 2: (0, 1), 3: (0, 0)})
+
+
+HM = "site.container.host_mpi"
+# (id, YAML path, value, fragments of the message): schema errors first, then the code's cross-field checks.
+BAD_CONTAINER = [
+    ("abi", f"{HM}.abi", "mvapich", [f"{HM}.abi", "'mvapich' is not allowed", "'mpich' or 'openmpi'"]),
+    ("no-abi", f"{HM}.abi", ..., [HM, "missing 'abi'"]),
+    ("unknown-key", f"{HM}.prefix", "/opt", [HM, "unknown key 'prefix'", "'abi', 'binds'"]),
+    ("repeated-bind", f"{HM}.binds", ["/opt/cray", "/opt/cray"], [f"{HM}.binds", "more than once"]),
+    ("device-not-dev", "site.container.devices", ["/tmp/ib"], ["site.container.devices[0]", "'^/dev/'"]),
+    ("device-dotdot", "site.container.devices", ["/dev/../etc"], ["devices[0]", "not a plain device path"]),
+    ("env-name", "site.container.env", {"1X": "a"}, ["site.container.env", "'1X'"]),
+    ("relative-lib-dir", f"{HM}.lib_dirs", ["lib64"], [f"{HM}.lib_dirs[0]", "'lib64' is relative"]),
+    ("colon-in-bind", f"{HM}.binds", ["/opt/a:/b"], [f"{HM}.binds[0]", "not a host path", "':' and ','"]),
+    ("comma-in-lib", f"{HM}.libs", ["/usr/lib64/a,b.so"], [f"{HM}.libs[0]", "not a host path"]),
+    ("shell-in-bind", f"{HM}.binds", ["/opt/$(id)"], [f"{HM}.binds[0]", "'/opt/$(id)' is not a host path"]),
+    ("bad-ref", f"{HM}.lib_dirs", ["${9X}/lib"], [f"{HM}.lib_dirs[0]", "not a host path"]),
+    (
+        "lib-name-ref",
+        f"{HM}.libs",
+        ["/usr/lib64/${LIB}"],
+        [f"{HM}.libs[0]", "must end in a literal file name"],
+    ),
+    (
+        "lib-name-twice",
+        f"{HM}.libs",
+        ["/usr/lib64/libcxi.so.1", "/opt/lib/libcxi.so.1"],
+        [f"{HM}.libs", "'libcxi.so.1' appears twice", "/opt/hpcring/host-libs"],
+    ),
+    (
+        "abi-vs-site-mpi",
+        f"{HM}.abi",
+        "openmpi",
+        [f"{HM}.abi", "'openmpi' does not fit site.mpi 'cray-mpich'", "provided by 'openmpi'"],
+    ),
+    (
+        "env-equals",
+        "site.container.env",
+        {"FI_CXI_OPT": "a=b"},
+        ["site.container.env.FI_CXI_OPT", "contains '='", "--env values may not contain"],
+    ),
+    (
+        "env-owned-by-host-mpi",
+        "site.container.env",
+        {"LD_PRELOAD": "/x.so"},
+        ["site.container.env.LD_PRELOAD", "set by site.container.host_mpi"],
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "expected"), [b[1:] for b in BAD_CONTAINER], ids=[b[0] for b in BAD_CONTAINER]
+)
+def test_bad_container_messages(path: str, value: Any, expected: list[str]) -> None:
+    data = _mutate(builtin_data("frontier"), path, value)
+    with pytest.raises(ProfileError) as info:
+        profile.parse(yaml.safe_dump(data), "bad.yaml")
+    msg = str(info.value)
+    assert msg.startswith("bad.yaml: ")
+    for piece in expected:
+        assert piece in msg, (piece, msg)
+
+
+def test_spectrum_mpi_has_no_abi_family() -> None:
+    data = _mutate(builtin_data("summit"), "site.container.host_mpi", {"abi": "openmpi"})
+    with pytest.raises(ProfileError, match=r"Spectrum MPI ships libmpi_ibm.so, ABI-compatible with neither"):
+        profile.parse(yaml.safe_dump(data), "x")
+
+
+def test_container_sections_are_optional_and_old_profiles_stay_valid() -> None:
+    """Schema v1 only gained optional keys: a container with just a runtime is still a valid profile."""
+    data = _mutate(builtin_data("frontier"), "site.container", {"runtime": "apptainer"})
+    c = profile.parse(yaml.safe_dump(data), "x").site.container
+    assert c is not None and (c.binds, c.devices, c.env, c.host_mpi) == ((), (), (), None)
+
+
+def test_frontier_host_mpi_follows_olcf() -> None:
+    """The OLCF example's bind path, container libraries and library path, as the profile states them."""
+    c = profile.load("frontier").site.container
+    assert c is not None and c.host_mpi is not None
+    m = c.host_mpi
+    assert (m.abi, m.soname, m.modules) == ("mpich", "libmpi.so.12", ("cray-mpich-abi",))
+    assert m.binds == ("/usr/share/libdrm", "/var/spool/slurmd", "/opt/cray")
+    assert "/usr/lib64/libcxi.so.1" in m.libs and m.lib_dirs[0] == "${CRAY_MPICH_ROOTDIR}/gtl/lib"
+    assert m.preload == ("${CRAY_MPICH_ROOTDIR}/gtl/lib/libmpi_gtl_hsa.so.0",)
+    for name in ("summit", "generic-slurm-gpu"):
+        other = profile.load(name).site.container
+        assert other is not None and other.devices == ("/dev/infiniband",) and other.host_mpi is None

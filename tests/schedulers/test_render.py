@@ -43,6 +43,11 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
         },
     ),
     "summit-container": ("summit", {"nodes": 1, "account": "abc123", "image": "train.sif", "command": TRAIN}),
+    "generic-slurm-gpu-container": (
+        "generic-slurm-gpu",
+        {"nodes": 2, "image": "/scratch/img/hpcring-gpu.sif", "binds": ("/scratch",), "command": TRAIN},
+    ),
+    "generic-lsf-container": ("generic-lsf", {"nodes": 1, "image": "hpcring-cpu.sif", "command": TRAIN}),
     "generic-slurm-gpu-steps": (
         "generic-slurm-gpu",
         {
@@ -309,3 +314,68 @@ def test_templates_ship_in_the_wheel(tmp_path: Path) -> None:
     )
     assert out.returncode == 0, out.stderr
     assert "jsrun --erf_input" in out.stdout
+
+
+@pytest.mark.parametrize("name", ["frontier", "summit", "generic-slurm-gpu", "generic-lsf"])
+def test_containers_doc_shows_the_rendered_container_words(name: str) -> None:
+    """docs/containers.md ("Hybrid MPI") quotes, per built-in profile, the exact runtime words the renderer
+    emits for `--image hpcring.sif -- python train.py`, and the modules only container jobs load."""
+    from hpcring.schedulers import shell
+
+    doc = (ROOT / "docs" / "containers.md").read_text()
+    section = doc.split("\n## Hybrid MPI\n", 1)[1].split("\n## ", 1)[0]
+    p = make_plan(name, nodes=1, account="a", image="hpcring.sif", command=("python", "train.py"))
+    assert p.container is not None
+    line = shell.join(p.container.prefix) + " python train.py"
+    assert f"\n{line}\n" in section, f"docs/containers.md lacks the {name} line:\n{line}"
+    block = section.split(f"`{name}` (", 1)[1].split("```", 1)[0]
+    assert f"{p.container.model} model" in block
+    for module in p.container.modules:
+        assert f"`module load {module}`" in block
+
+
+def test_container_words_order_devices_env_and_job_binds(tmp_path: Path) -> None:
+    """Site binds, devices, host MPI words, the job's binds, then the profile's --env values in file order
+    (booleans as 1/0), extra_args, the image; host_mpi.modules are loaded only for container jobs."""
+    import yaml
+
+    from hpcring.schedulers import profile
+
+    data = yaml.safe_load(profile.source_of("generic-slurm-gpu")[1])
+    data["site"]["container"] = {
+        "runtime": "apptainer",
+        "binds": ["/scratch"],
+        "devices": ["/dev/infiniband"],
+        "env": {"FI_PROVIDER": "verbs", "NCCL_IB_HCA": "mlx5_0,mlx5_1", "FLAG": True},
+        "extra_args": ["--writable-tmpfs"],
+        "host_mpi": {"abi": "openmpi", "modules": ["openmpi/4.1"], "lib_dirs": ["/opt/ompi/lib"]},
+    }
+    path = tmp_path / "site.yaml"
+    path.write_text(yaml.safe_dump(data))
+    p = make_plan(str(path), nodes=1, image="i.sif", binds=("/data:/d",), command=("true",))
+    assert p.container is not None
+    assert p.container.prefix == (
+        "apptainer",
+        "exec",
+        "--nv",
+        "--bind",
+        "/scratch",
+        "--bind",
+        "/dev/infiniband",
+        "--env",
+        "LD_LIBRARY_PATH=/opt/ompi/lib:/.singularity.d/libs:'$LD_LIBRARY_PATH'",
+        "--env",
+        "MPI4PY_LIBMPI=libmpi.so.40",
+        "--bind",
+        "/data:/d",
+        "--env",
+        "FI_PROVIDER=verbs",
+        "--env",
+        "FLAG=1",
+        "--env",
+        "NCCL_IB_HCA=mlx5_0,mlx5_1",
+        "--writable-tmpfs",
+        "i.sif",
+    )
+    assert p.modules == ("openmpi/4.1",)
+    assert make_plan(str(path), nodes=1, command=("true",)).modules == ()
