@@ -255,13 +255,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    given: dict[str, str] = {}
-    for item in args.arg:
-        name, eq, value = item.partition("=")
-        if not eq or not name:
-            print(f"def2oci: --arg needs NAME=VALUE, got {item!r}", file=sys.stderr)
-            return 2
-        given[name] = value
+    given = defcheck.build_args(args.arg, "def2oci")
+    if given is None:
+        return 2
     if not args.deffile.is_file():
         print(f"def2oci: {args.deffile}: no such file", file=sys.stderr)
         return 2

@@ -275,6 +275,18 @@ def find_shellcheck(explicit: str | None) -> str | None:
     return shutil.which("shellcheck") or (str(beside) if beside.exists() else None)
 
 
+def build_args(items: Sequence[str], tool: str) -> dict[str, str] | None:
+    """`--arg NAME=VALUE` options as a dict; None (after saying why on stderr) when one is malformed."""
+    given: dict[str, str] = {}
+    for item in items:
+        name, eq, value = item.partition("=")
+        if not eq or not name:
+            print(f"{tool}: --arg needs NAME=VALUE, got {item!r}", file=sys.stderr)
+            return None
+        given[name] = value
+    return given
+
+
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("files", nargs="+", metavar="FILE.def")
@@ -287,13 +299,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    given: dict[str, str] = {}
-    for item in args.arg:
-        name, eq, value = item.partition("=")
-        if not eq or not name:
-            print(f"defcheck: --arg needs NAME=VALUE, got {item!r}", file=sys.stderr)
-            return 2
-        given[name] = value
+    given = build_args(args.arg, "defcheck")
+    if given is None:
+        return 2
     shellcheck = find_shellcheck(args.shellcheck)
     if shellcheck is None:
         where = args.shellcheck or "PATH or beside this Python"

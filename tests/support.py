@@ -3,6 +3,7 @@ pytest loads several of them under the same module name)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -60,3 +61,16 @@ def run_ranks(
 def ranked_pytest(*paths: str) -> list[str]:
     """Command that runs pytest on the given tests/ranked files inside each rank."""
     return ["{python}", "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *paths]
+
+
+def link_bytes(node: str, dev: str = "eth0") -> tuple[int, int]:
+    """(tx, rx) bytes of a network-namespace fake node's link, read from outside the node."""
+    out = subprocess.run(
+        ["ip", "-n", node, "-s", "-j", "link", "show", "dev", dev],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    stats = json.loads(out.stdout)[0]["stats64"]
+    return int(stats["tx"]["bytes"]), int(stats["rx"]["bytes"])

@@ -10,7 +10,6 @@ Opt-in like the other image tests (HPCRING_TEST_PODMAN=1, root); also needs `ip 
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -23,6 +22,7 @@ from pathlib import Path
 
 import pytest
 from podman_images import BUILD_TIMEOUT, IMAGE, IMAGE_UID, ROOT, Containers, ExecRelay, output, podman
+from support import link_bytes
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(BUILD_TIMEOUT + 600)]
 
@@ -39,19 +39,6 @@ def cluster(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         ["timeout", "120", str(CLUSTER_SH), *args], capture_output=True, text=True, env=env, check=False
     )
-
-
-def eth0_bytes(node: str) -> tuple[int, int]:
-    """(tx, rx) bytes of the node's link, read from outside the containers."""
-    out = subprocess.run(
-        ["ip", "-n", node, "-s", "-j", "link", "show", "dev", "eth0"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=True,
-    )
-    stats = json.loads(out.stdout)[0]["stats64"]
-    return int(stats["tx"]["bytes"]), int(stats["rx"]["bytes"])
 
 
 def reap_stale() -> None:
@@ -111,11 +98,11 @@ def test_two_containers_two_nodes(two_nodes: Nodes) -> None:
     hosts = f"{first}:{RANKS_PER_NODE},{second}:{RANKS_PER_NODE}"
     command = ["hpcring", "run", "-np", str(np_total), "-H", hosts, "--rsh-agent", "/tests/podman_rsh.py"]
     command += ["--yield-when-idle", "on", "--", "python", "/tests/two_nodes.py"]
-    tx0, rx0 = eth0_bytes(first)
+    tx0, rx0 = link_bytes(first)
     t0 = time.monotonic()
     proc = podman("exec", two_nodes.containers[first], *command, timeout=300)
     took = time.monotonic() - t0
-    tx1, rx1 = eth0_bytes(first)
+    tx1, rx1 = link_bytes(first)
     sys.stderr.write(
         f"\n[podman] 2 containers x {RANKS_PER_NODE} rank(s): rc={proc.returncode} in {took:.1f} s, "
         f"{first} eth0 tx {(tx1 - tx0) / 2**20:.1f} MiB rx {(rx1 - rx0) / 2**20:.1f} MiB, "

@@ -6,7 +6,6 @@ a concurrent test session are left alone.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -14,6 +13,8 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+from support import link_bytes
 
 ROOT = Path(__file__).resolve().parents[3]
 CLUSTER_SH = ROOT / "ci" / "netns-cluster.sh"
@@ -31,15 +32,7 @@ class NetnsCluster:
 
     def counters(self, node: str) -> tuple[int, int]:
         """(tx, rx) bytes of the node's eth0."""
-        out = subprocess.run(
-            ["ip", "-n", node, "-s", "-j", "link", "show", "dev", "eth0"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=True,
-        )
-        stats = json.loads(out.stdout)[0]["stats64"]
-        return int(stats["tx"]["bytes"]), int(stats["rx"]["bytes"])
+        return link_bytes(node)
 
 
 def skip_reason() -> str | None:
