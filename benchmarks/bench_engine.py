@@ -8,7 +8,11 @@ Run under the launcher, e.g.:
 1. Fusion: 256 tensors of 16 KiB (float32) allreduced through the engine
    - fused: all submitted at once, default fusion threshold (64 MiB): one 4 MiB collective per step;
    - one by one: fusion off (threshold 0), each allreduce submitted and waited for before the next;
-   - unfused async (for reference): fusion off, all 256 submitted at once: 256 collectives per cycle.
+   - unfused async (for reference): fusion off, all 256 submitted at once: 256 collectives per cycle;
+   - fused adjacent: as fused, but the 256 inputs (and the 256 outputs) are back-to-back views of one
+     buffer each, as gradients laid out in buckets (DDP's `gradient_as_bucket_view`) are: the engine then
+     reduces them where they lie, with no copy into or out of the fusion buffer. A separate row: the issue's
+     figure is `fused` (256 independently allocated tensors).
 2. Latency of a 4-byte allreduce: the engine (submit + wait, response cache warm) against raw mpi4py
    `Allreduce` on the same ranks, i.e. the engine's overhead per operation.
 
@@ -44,14 +48,11 @@ TENSORS = 256
 TENSOR_BYTES = 16 * 1024
 
 
-def allreduce_requests(
-    tag: str, arrays: list[np.ndarray], outputs: list[np.ndarray] | None = None
-) -> list[Request]:
-    """One allreduce request per array, into `outputs` (new arrays when None)."""
-    outs = [np.empty_like(a) for a in arrays] if outputs is None else outputs
+def allreduce_requests(tag: str, arrays: list[np.ndarray], outputs: list[np.ndarray]) -> list[Request]:
+    """One allreduce request per array, into `outputs`."""
     return [
         Request(Signature(f"{tag}.{i}", OpType.ALLREDUCE, "float32", a.shape, "sum"), 0, a, out)
-        for i, (a, out) in enumerate(zip(arrays, outs, strict=True))
+        for i, (a, out) in enumerate(zip(arrays, outputs, strict=True))
     ]
 
 
@@ -74,23 +75,49 @@ def max_op() -> Any:
     return MPI.MAX
 
 
+def adjacent_views(n: int, count: int) -> list[np.ndarray]:
+    """`n` back-to-back views of `count` float32 elements each, over one new buffer."""
+    flat = np.empty(n * count, np.float32)
+    return [flat[i * count : (i + 1) * count] for i in range(n)]
+
+
+def new_outputs(arrays: list[np.ndarray], adjacent: bool) -> list[np.ndarray]:
+    """Output arrays for `arrays`: laid out like them (back to back in one buffer, or separately)."""
+    if adjacent:
+        return adjacent_views(len(arrays), arrays[0].size)
+    return [np.empty_like(a) for a in arrays]
+
+
 def bench_fusion(world: Any, iters: int, fresh_outputs: bool = False) -> dict[str, float]:
     n = world.size
-    arrays = [np.full(TENSOR_BYTES // 4, float(world.rank + i), np.float32) for i in range(TENSORS)]
-    outputs = None if fresh_outputs else [np.empty_like(a) for a in arrays]
+    count = TENSOR_BYTES // 4
+    separate = [np.full(count, float(world.rank + i), np.float32) for i in range(TENSORS)]
+    adjacent = adjacent_views(TENSORS, count)
+    for i, view in enumerate(adjacent):
+        view[...] = float(world.rank + i)
     want0 = float(n * (n - 1) // 2)
     results: dict[str, float] = {}
     base = engine_settings()
+    threshold = base.fusion_threshold or 64 << 20
     variants = {
-        "fused": (base.fusion_threshold or 64 << 20, "all"),
-        "one_by_one": (0, "sync"),
-        "unfused_async": (0, "all"),
+        "fused": (threshold, "all", separate),
+        "one_by_one": (0, "sync", separate),
+        "unfused_async": (0, "all", separate),
+        "fused_adjacent": (threshold, "all", adjacent),
     }
-    for label, (threshold, mode) in variants.items():
-        engine = Engine(world, EngineSettings(fusion_threshold=threshold, cycle_time_ms=base.cycle_time_ms))
+    for label, (limit, mode, arrays) in variants.items():
+        outputs = None if fresh_outputs else new_outputs(arrays, arrays is adjacent)
+        engine = Engine(world, EngineSettings(fusion_threshold=limit, cycle_time_ms=base.cycle_time_ms))
         try:
 
-            def step(engine: Engine = engine, mode: str = mode) -> None:
+            def step(
+                engine: Engine = engine,
+                mode: str = mode,
+                arrays: list[np.ndarray] = arrays,
+                outputs: list[np.ndarray] | None = outputs,
+            ) -> None:
+                if outputs is None:
+                    outputs = new_outputs(arrays, arrays is adjacent)
                 reqs = allreduce_requests("fusion", arrays, outputs)
                 if mode == "all":
                     engine.submit_many(reqs)
@@ -123,7 +150,7 @@ def bench_latency(world: Any, iters: int) -> dict[str, float]:
     try:
 
         def step() -> None:
-            engine.submit(allreduce_requests("latency", [x])[0]).wait()
+            engine.submit(allreduce_requests("latency", [x], [np.empty_like(x)])[0]).wait()
 
         through = timed(world.comm, iters, 20, step)
     finally:
@@ -163,8 +190,9 @@ def main(argv: list[str] | None = None) -> int:
         )
         for label, t in fusion.items():
             print(f"  {label:<14} {t * 1e3:9.2f} ms")
-        print(f"  fused vs one by one:    {fusion['one_by_one'] / fusion['fused']:6.1f}x")
-        print(f"  fused vs unfused async: {fusion['unfused_async'] / fusion['fused']:6.1f}x")
+        print(f"  fused vs one by one:          {fusion['one_by_one'] / fusion['fused']:6.1f}x")
+        print(f"  fused vs unfused async:       {fusion['unfused_async'] / fusion['fused']:6.1f}x")
+        print(f"  fused adjacent vs one by one: {fusion['one_by_one'] / fusion['fused_adjacent']:6.1f}x")
         print(f"\n4-byte allreduce latency, median of {args.latency_iters}:")
         print(f"  raw mpi4py     {latency['raw_mpi4py'] * 1e6:9.1f} us")
         print(f"  engine         {latency['engine'] * 1e6:9.1f} us")

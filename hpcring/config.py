@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from hpcring.errors import ConfigError, choices
 
 ALGORITHMS = ("auto", "native", "ring", "hierarchical")
+CPU_DEVICE_PLANES = ("off", "gloo")  # HPCRING_CPU_DEVICE_PLANE: CPU torch tensors through the device plane?
+DEVICE_CROSS = ("mpi", "nccl")  # HPCRING_DEVICE_CROSS: what carries the device plane's cross-node stage
 LOG_LEVELS = ("trace", "debug", "info", "warning", "error", "fatal")
 
 DEFAULT_FUSION_THRESHOLD = 64 * 1024 * 1024  # bytes, as Horovod
@@ -54,6 +56,9 @@ class EngineSettings:
     stall_check_disable: bool = False
     allreduce_algorithm: str = "auto"
     log_level: str = "warning"
+    # The device data plane (hpcring/collective/engine/device.py, docs/engine.md "GPU tensors"):
+    cpu_device_plane: str = "off"  # "gloo": CPU torch tensors take the device plane with gloo (tests, CI)
+    device_cross: str = "mpi"  # hierarchical cross-node stage: MPI on a host copy, or the device backend
 
 
 def _lookup(env: Mapping[str, str], name: str, aliases: tuple[str, ...] = ()) -> tuple[str, str] | None:
@@ -161,4 +166,13 @@ def engine_settings(env: Mapping[str, str] | None = None) -> EngineSettings:
         stall_check_disable=disable,
         allreduce_algorithm=_algorithm(env),
         log_level=_log_level(env),
+        cpu_device_plane=_own_choice(env, "HPCRING_CPU_DEVICE_PLANE", CPU_DEVICE_PLANES, "off"),
+        device_cross=_own_choice(env, "HPCRING_DEVICE_CROSS", DEVICE_CROSS, "mpi"),
     )
+
+
+def _own_choice(env: Mapping[str, str], var: str, allowed: tuple[str, ...], default: str) -> str:
+    """A choice setting of hpcring's own (no Horovod alias); unset or empty means `default`; "0"/"1"-style
+    booleans are not guessed."""
+    text = env.get(var, "").strip()
+    return parse_choice(var, text, allowed) if text else default

@@ -50,23 +50,48 @@ def _flat(arr: NDArray) -> NDArray:
     return arr.reshape(-1)
 
 
-def run_allreduce(topo: Topology, src: NDArray, dst: NDArray, op: ReduceOp, algorithm: str) -> str:
-    """Run one algorithm on flat views (no validation; dst may be src); returns the one used after `auto`."""
+def run_allreduce(
+    topo: Topology, src: NDArray, dst: NDArray, op: ReduceOp, algorithm: str, chunk: int | None = None
+) -> str:
+    """Run one algorithm on flat views (no validation; dst may be src); returns the one used after `auto`.
+
+    `chunk` is the ring's pipelining chunk in bytes (default: $HPCRING_RING_CHUNK_BYTES, read per call; the
+    engine reads it once and passes it). Native allreduces MPI can do exactly go straight to the transport:
+    this is the path of every small engine operation, where each avoided check is latency."""
+    t = topo.transport()
+    exact = _exact(t, src.dtype, op)
     if algorithm == "auto":
         algorithm = choose_algorithm(
-            src.nbytes,
-            native_exact=topo.transport().can_reduce(src.dtype, op),
-            local_size=topo.local_size,
-            cross_size=topo.cross_size,
+            src.nbytes, native_exact=exact, local_size=topo.local_size, cross_size=topo.cross_size
         )
-    chunk = chunk_bytes(DEFAULT_CHUNK_BYTES)
     if algorithm == "native":
-        native_allreduce(topo.transport(), src, dst, op)
-    elif algorithm == "ring":
-        ring_allreduce(topo.transport(), src, dst, op, chunk)
+        if not exact or not src.size:
+            native_allreduce(t, src, dst, op)  # widening, or nothing to do
+        elif dst is src:
+            t.allreduce(dst, op)
+        else:
+            t.allreduce(dst, op, sendbuf=src)
+        return algorithm
+    if chunk is None:
+        chunk = chunk_bytes(DEFAULT_CHUNK_BYTES)
+    if algorithm == "ring":
+        ring_allreduce(t, src, dst, op, chunk)
     else:
         hierarchical_allreduce(topo.node_layout(), src, dst, op, chunk)
     return algorithm
+
+
+# Transport.can_reduce answers by transport kind, dtype and op; asked on every allreduce, so remembered.
+_EXACT: dict[tuple[type, np.dtype[Any], int], bool] = {}
+
+
+def _exact(t: Any, dtype: np.dtype[Any], op: ReduceOp) -> bool:
+    """Cached `t.can_reduce(dtype, op)` (keyed by the op's identity: hashing an Enum member runs Python)."""
+    key = (type(t), dtype, id(op))
+    exact = _EXACT.get(key)
+    if exact is None:
+        exact = _EXACT[key] = bool(t.can_reduce(dtype, op))
+    return exact
 
 
 def allreduce(

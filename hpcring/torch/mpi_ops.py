@@ -1,8 +1,11 @@
 """The collective operations of `horovod.torch`, with Horovod's names, defaults, handles and autograd rules.
 
 Each `*_async` call checks its arguments synchronously (what Horovod raises at call time stays synchronous:
-ValueError), turns the tensor into a zero-copy numpy view (GPU or non-contiguous tensors are staged through a
-contiguous CPU copy) and submits a named request to the engine. The returned int handle works with `poll()`
+ValueError), turns the tensor into what the engine moves and submits a named request to the engine: a
+zero-copy numpy view of a CPU tensor (non-contiguous ones through a contiguous copy), or, for a CUDA tensor
+when torch has NCCL, the (contiguous) tensor itself, which the engine's device data plane reduces with NCCL
+on the GPU (`hpcring/collective/engine/device.py`). CUDA tensors without NCCL, and other device types, are
+staged through a host copy (a one-time warning says why). The returned int handle works with `poll()`
 and `synchronize()`; errors found by negotiation (mismatched shapes, dtypes, ops... across ranks) surface from
 `synchronize()` as `HorovodInternalError` (a RuntimeError) on every rank. Names follow Horovod: `<op>.<name>`,
 or `<op>.noname.<n>` with a per-op counter when no name is given (so every rank must call in the same order).
@@ -22,6 +25,7 @@ import numpy as np
 from hpcring import _deps
 from hpcring.collective import dtypes
 from hpcring.collective.engine import Handle, OpType, ProcessSet, Request, Signature, global_process_set
+from hpcring.collective.engine import device as device_plane
 from hpcring.collective.engine.request import signature_shape
 from hpcring.collective.ops import ReduceOp
 from hpcring.errors import CollectiveError, ConfigError
@@ -138,17 +142,17 @@ def synchronize(handle: Any) -> Any:
 
 
 class _View:
-    """A contiguous CPU tensor and a numpy view of its memory (slotted: one is built per tensor per call)."""
+    """A contiguous tensor and what the engine gets of it (slotted: one is built per tensor per call): a
+    numpy view of its memory on the host route (`device` "cpu"), or the tensor itself on a device route
+    ("cuda", or "cpu+gloo" under HPCRING_CPU_DEVICE_PLANE=gloo), which is also the agreed signature's
+    device."""
 
-    __slots__ = ("array", "tensor")
+    __slots__ = ("array", "device", "tensor")
 
-    def __init__(self, tensor: Any, array: np.ndarray[Any, Any]) -> None:
+    def __init__(self, tensor: Any, array: Any, device: str = "cpu") -> None:
         self.tensor = tensor
         self.array = array
-
-
-def _device(t: Any) -> str:
-    return "cpu" if t.is_cpu else str(t.device.type)
+        self.device = device
 
 
 _dtype_names: dict[Any, str] = {}  # torch dtype -> supported dtype name (`str(dtype)` costs microseconds)
@@ -171,25 +175,88 @@ def _check_dtype(t: Any, what: str) -> str:
 
 
 def _view(t: Any) -> _View:
-    """Zero-copy numpy view of a CPU contiguous tensor; otherwise a staged contiguous CPU copy."""
+    """What the engine gets of `t`: a zero-copy numpy view of a contiguous CPU tensor, the contiguous tensor
+    itself on a device route, otherwise (a device without a data plane) a staged contiguous CPU copy."""
     c = t.detach() if t.requires_grad else t
+    route = "cpu"
     if not c.is_cpu:
-        c = c.cpu()
+        route = _device_route(c.device.type)
+        if route in device_plane.ROUTES:
+            return _View(c if c.is_contiguous() else c.contiguous(), None, route)
+        c = c.cpu()  # staged: reduced on the host, but the signature still says which device it came from
     if not c.is_contiguous():
         c = c.contiguous()
+    engine = basics._engine
+    if route == "cpu" and engine is not None and engine.settings.cpu_device_plane == "gloo":
+        return _View(c, None, device_plane.CPU_GLOO)
     if c.dtype == torch.bfloat16:
         from hpcring.collective.arrays import bfloat16
 
-        return _View(c, c.view(torch.int16).numpy().view(bfloat16()))
-    return _View(c, c.numpy())
+        return _View(c, c.view(torch.int16).numpy().view(bfloat16()), route)
+    return _View(c, c.numpy(), route)
+
+
+# device type -> "cuda" (the device plane) or "<type>+host" (staged through host memory, reduced on the host
+# path; a distinct device name so that validation still refuses CPU tensors on one rank and GPU on another).
+_routes: dict[str, str] = {}
+
+
+def _device_route(device_type: str) -> str:
+    """How tensors of a non-CPU device type travel, decided once per process (with one warning if staged)."""
+    route = _routes.get(device_type)
+    if route is None:
+        why = None
+        if device_type != "cuda":
+            why = f"hpcring has no device data plane for {device_type!r} tensors (only 'cuda')"
+        else:
+            import torch.distributed as dist
+
+            if not (dist.is_available() and dist.is_nccl_available()):
+                why = "this torch build has no NCCL (torch.distributed.is_nccl_available() is False)"
+        route = device_plane.CUDA if why is None else f"{device_type}{device_plane.HOST_STAGED}"
+        if why is not None:
+            warnings.warn(
+                f"hpcring: {device_type} tensors are staged through host memory and reduced over MPI, "
+                f"because {why}; correct, but not the GPU fast path",
+                RuntimeWarning,
+                3,
+            )
+        _routes[device_type] = route
+    return route
+
+
+def _hand_over(view: _View) -> None:
+    """Last thing before a CUDA tensor goes to the engine thread, which works on the device's default
+    stream: make that stream wait (on the GPU, an event; the CPU does not block) for the stream this thread
+    produced the tensor on, and remember the device for ranks that later contribute without a tensor."""
+    t = view.tensor
+    device_plane.note_device(t.device)
+    current = torch.cuda.current_stream(t.device)
+    default = torch.cuda.default_stream(t.device)
+    if current != default:
+        default.wait_stream(current)
+
+
+def _for_caller(t: Any) -> Any:
+    """A result allocated by the engine on the default stream, now used on the caller's stream: tell the
+    caching allocator, so the memory is not reused while the caller's stream may still read it."""
+    if t.is_cuda:
+        current = torch.cuda.current_stream(t.device)
+        if current != torch.cuda.default_stream(t.device):
+            t.record_stream(current)
+    return t
 
 
 def _shares(view: _View, t: Any) -> bool:
-    return bool(view.tensor.data_ptr() == t.data_ptr() and t.device.type == "cpu")
+    """Is the engine's tensor the caller's own memory (nothing to copy back)?"""
+    v = view.tensor
+    return v is t or bool(v.data_ptr() == t.data_ptr() and v.device == t.device)
 
 
-def _tensor_of(arr: np.ndarray[Any, Any], like: Any) -> Any:
-    """A tensor over `arr`'s memory, on `like`'s device."""
+def _tensor_of(arr: Any, like: Any) -> Any:
+    """The engine's result as a tensor on `like`'s device (device routes return tensors already)."""
+    if isinstance(arr, torch.Tensor):
+        return _for_caller(arr)
     if arr.dtype.name == "bfloat16":
         out = torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
     else:
@@ -213,18 +280,27 @@ def _submit(
 ) -> Handle:
     set_id = basics._set_id(process_set)
     src = _view(tensor) if src is None else src
+    device = src.device
+    if src.array is not None:  # the host path: "cpu", or a device's tensor staged through host memory
+        dtype, data = dtypes.name_of(src.array.dtype), src.array
+        out = None if output is None else output.array
+    else:  # a device route: the engine gets the tensors themselves
+        dtype, data = _dtype_names[src.tensor.dtype], src.tensor
+        out = None if output is None else output.tensor
+        if device == device_plane.CUDA:
+            _hand_over(src)
     sig = Signature(  # positional: keyword arguments cost a NamedTuple call twice as much
         name,
         op_type,
-        dtypes.name_of(src.array.dtype),
+        dtype,
         signature_shape(op_type, tuple(tensor.shape)),
         reduce_op,
         root,
         float(prescale),
         float(postscale),
-        _device(tensor),
+        device,
     )
-    req = Request(sig, set_id, src.array, None if output is None else output.array, splits)
+    req = Request(sig, set_id, data, out, splits)
     batch: list[Request] | None = getattr(_tls, "batch", None)
     if batch is not None:  # inside a grouped call: queued together by _submit_group
         batch.append(req)

@@ -9,13 +9,22 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from hpcring.collective.engine import OpType, Signature, phases
 from hpcring.collective.engine.cache import ResponseCache
-from hpcring.collective.engine.engine import Response, _pack_bits, _unpack_bits, plan_batches
+from hpcring.collective.engine.engine import (
+    Response,
+    _adjacent_span,
+    _pack_bits,
+    _unpack,
+    _unpack_bits,
+    plan_batches,
+    plan_indices,
+)
 from hpcring.collective.engine.request import Handle, Request, complete
 from hpcring.collective.engine.timeline import Timeline
 from hpcring.collective.engine.validation import check_agreement
@@ -180,9 +189,13 @@ def test_plan_fuses_compatible_allreduces_up_to_the_threshold() -> None:
 def test_bit_sets_round_trip_in_order(bits: set[int]) -> None:
     """The negotiation vector's bit sets: both packing paths (few bits: ints; many: numpy) agree with the
     plain definition, and unpacking returns the positions in increasing order (the execution order)."""
-    mask = _pack_bits(iter(bits), len(bits))
+    mask = _pack_bits(bits, len(bits))
     assert mask == sum(1 << b for b in bits)
     assert _unpack_bits(mask) == sorted(bits)
+    if bits:  # a run of consecutive positions takes the shortcut both ways
+        run = set(range(min(bits), min(bits) + len(bits)))
+        assert _pack_bits(run, len(run)) == sum(1 << b for b in run)
+        assert _unpack_bits(sum(1 << b for b in run)) == sorted(run)
 
 
 def test_handles_complete_in_one_pass_and_wake_every_waiter() -> None:
@@ -266,6 +279,91 @@ def test_plan_matches_the_plain_rule(items: list[tuple[OpType, str, int, float, 
         for i, (op, dtype, n, pre, err) in enumerate(items)
     ]
     assert [[r.sig.name for r in b] for b in plan_batches(rs, limit)] == reference_plan(rs, limit)
+
+
+def test_plan_indices_are_the_plan_as_positions() -> None:
+    rs = [Response(sig(f"a{i}", (256,), "float64" if i % 3 == 0 else "float32"), None) for i in range(7)]
+    for limit in (0, 2048, 1 << 20):
+        batches = plan_batches(rs, limit)
+        assert [[rs[i] for i in idx] for idx in plan_indices(rs, limit)] == batches
+
+
+# ---------------------------------------------------------------- steady-state helpers
+
+
+def test_cache_bulk_lookup_touch_and_version() -> None:
+    c = ResponseCache(4)
+    a, b = sig("a"), sig("b")
+    c.put(a)
+    c.put(b)
+    v = c.version
+    assert c.lookup_all([b, a]) == [1, 0] and c.signatures([1, 0]) == [b, a]
+    assert c.lookup_all([a, sig("b", (5,))]) is None, "one different signature: no bulk answer"
+    assert c.lookup_all([a, sig("z")]) is None
+    assert c.touch([0], [a]) and c.version == v, "touching reorders the LRU only"
+    assert c.put(sig("c")) is None and c.put(sig("d")) is None and c.version == v + 2
+    assert c.put(sig("e")) == 1, "b (not touched) was the least recently executed"
+    assert not c.touch([1], [b]), "bit 1 holds another signature now"
+    assert not c.touch([1], [b], version=c.version - 1), "an older version: compared, still refused"
+    assert c.touch([1], [c.signature(1)], version=c.version), "the same version: no comparison needed"
+    v = c.version
+    c.put(sig("e"))  # the same signature object again: nothing changes but the LRU
+    assert c.version == v + 1, "an equal but new signature object counts as a change"
+    e = c.signature(1)
+    c.put(e)
+    assert c.version == v + 1
+    c.evict("e")
+    assert c.version == v + 2
+
+
+class _Buffer:
+    """What the engine reads from `mpi4py.MPI.buffer` (not imported here: no MPI in unit tests)."""
+
+    def __init__(self, a: np.ndarray) -> None:
+        if not (a.flags.c_contiguous or a.flags.f_contiguous):
+            raise BufferError("not contiguous")
+        self.address, self.nbytes, self.readonly = int(a.ctypes.data), a.nbytes, not a.flags.writeable
+
+
+def test_adjacent_span_accepts_back_to_back_views_only() -> None:
+    flat = np.arange(40, dtype=np.float32)
+    views = [flat[2:6], flat[6:12].reshape(2, 3), flat[12:13]]
+    found = _adjacent_span(views, _Buffer)
+    assert found is not None
+    start, span = found
+    assert start == int(flat.ctypes.data) + 8 and span.shape == (11,) and span.dtype == np.float32
+    np.testing.assert_array_equal(span, flat[2:13])
+    span[:] = -1
+    assert (flat[2:13] == -1).all() and flat[1] == 1 and flat[13] == 13, "the span is exactly their memory"
+    assert _adjacent_span(views[::-1], _Buffer) is None, "reversed order"
+    assert _adjacent_span([flat[0:4], flat[5:9]], _Buffer) is None, "a gap"
+    assert _adjacent_span([flat[0:8:2], flat[8:16:2]], _Buffer) is None, "strided"
+    assert _adjacent_span([np.ones(4), np.ones(4)], _Buffer) is None, "separate allocations"
+    mixed = [flat[0:4], flat[4:8].view(np.int32)]
+    assert _adjacent_span(mixed, _Buffer) is None, "one dtype only"
+    grid = np.arange(24, dtype=np.float32)
+    fortran = [grid[0:12].reshape(4, 3, order="F"), grid[12:24].reshape(4, 3, order="F")]
+    assert _adjacent_span(fortran, _Buffer) is None, "contiguous in Fortran order only"
+    frozen = flat.copy()
+    frozen.flags.writeable = False
+    ro = [frozen[0:4], frozen[4:8]]
+    assert _adjacent_span(ro, _Buffer) is not None
+    assert _adjacent_span(ro, _Buffer, writeable=True) is None, "outputs must be writeable"
+
+
+def test_unpack_fills_every_output_shape() -> None:
+    buf = np.arange(1 + 6 + 4 + 3, dtype=np.float64)
+    outs = [np.empty(()), np.empty((2, 3)), np.empty(4), np.empty((3, 1))]
+    _unpack(buf, [1, 6, 4, 3], outs)
+    np.testing.assert_array_equal(np.concatenate([o.reshape(-1) for o in outs]), buf)
+    flat_outs = [np.empty(5), np.empty(9)]
+    _unpack(buf, [5, 9], flat_outs)
+    np.testing.assert_array_equal(np.concatenate(flat_outs), buf)
+
+
+def test_complete_refuses_a_result_count_that_does_not_match() -> None:
+    with pytest.raises(ValueError, match="2 results for 1 handles"):
+        complete([Handle("x")], ["a", "b"])
 
 
 # ---------------------------------------------------------------- timeline

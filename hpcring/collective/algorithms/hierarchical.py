@@ -44,6 +44,7 @@ from hpcring.collective.algorithms.ring import (
 )
 from hpcring.collective.algorithms.workspace import scratch
 from hpcring.collective.backends.base import Request, Transport
+from hpcring.collective.engine import phases  # stage spans for the timeline (one global read when off)
 from hpcring.collective.ops import ReduceOp, ufunc
 from hpcring.collective.selection import choose_algorithm, segment_bytes
 
@@ -293,12 +294,18 @@ def _one_after_another(
     """The three stages on the whole buffer, one after another (small buffers: fewest messages)."""
     local = layout.local
     s = _segment(layout, 0, src.size)
+    phases.begin(phases.INTRA_REDUCE_SCATTER)
     _node_reduce_scatter(local, src, dst, s, op, chunk_bytes, dst is src)
+    phases.end(phases.INTRA_REDUCE_SCATTER)
     # 2) inter-node allreduce of each owned shard, in increasing shard order on every rank.
+    phases.begin(phases.CROSS_ALLREDUCE)
     sb = bounds(src.size, layout.shards)
     for shard in sorted(layout.shard_groups):
         flat_allreduce(layout.shard_groups[shard], dst[sb[shard] : sb[shard + 1]], op, chunk_bytes)
+    phases.end(phases.CROSS_ALLREDUCE)
+    phases.begin(phases.INTRA_ALLGATHER)
     _node_allgather(local, dst, s, op, chunk_bytes)
+    phases.end(phases.INTRA_ALLGATHER)
 
 
 def _pipelined(
@@ -309,7 +316,9 @@ def _pipelined(
     The schedule fixes when a cross step must be complete at the latest; a step whose messages have already
     arrived is completed earlier, whenever this rank waits for anything (`poll`, called from the node
     stages' waits), so the next step's messages go on the link without waiting for the schedule. Completing
-    early only ever posts sends sooner and never blocks, so the deadlock argument is untouched."""
+    early only ever posts sends sooner and never blocks, so the deadlock argument is untouched.
+
+    Timeline stages (`phases`) span each stage's first to last segment: they overlap, which is the point."""
     local, in_place = layout.local, dst is src
     cut = bounds(src.size, k)
     segments = [_segment(layout, cut[i], cut[i + 1]) for i in range(k)]
@@ -323,10 +332,15 @@ def _pipelined(
                 while ring.ready():
                     ring.advance()
 
+    phases.begin(phases.INTRA_REDUCE_SCATTER)
     for it in range(finish_iteration(k - 1, steps, lag) + 1):
         if it < k:
             s = segments[it]
             _node_reduce_scatter(local, src, dst, s, op, chunk_bytes, in_place, poll)
+            if it == 0:
+                phases.begin(phases.CROSS_ALLREDUCE)
+            if it == k - 1:
+                phases.end(phases.INTRA_REDUCE_SCATTER)
             sb = bounds(s.hi - s.lo, layout.shards)
             rings[it] = [
                 CrossRing(layout.shard_groups[j], dst[s.lo + sb[j] : s.lo + sb[j + 1]], op, it % slots, j)
@@ -341,7 +355,12 @@ def _pipelined(
         finished = [seg for seg in sorted(rings) if finish_iteration(seg, steps, lag) == it]
         for seg in finished:
             del rings[seg]
+            if seg == k - 1:  # the last cross ring has landed
+                phases.end(phases.CROSS_ALLREDUCE)
+            if seg == 0:
+                phases.begin(phases.INTRA_ALLGATHER)
             _node_allgather(local, dst, segments[seg], op, chunk_bytes, poll)
+    phases.end(phases.INTRA_ALLGATHER)
 
 
 def _cross_size(layout: NodeLayout) -> int:

@@ -12,7 +12,13 @@ on a GPU machine (each rank uses cuda:LOCAL_RANK): `HPCRING_TEST_TRANSPORT=nccl 
 -np 2 -- python -m pytest tests/ranked/torch_ops/test_torch_ops_transport.py`.
 
 Buffers may be numpy arrays (viewed as CPU tensors without a copy) or torch tensors (on the group's device).
-Objects and barriers go through MPI, which every rank has anyway.
+Objects and barriers go through MPI, which every rank has anyway. The engine's device data plane
+(`hpcring/collective/engine/device.py`) drives one of these per process set and node group; it uses the
+equal-part collectives (`reduce_scatter_equal`, `allgather_equal`), which map to NCCL's own
+ncclReduceScatter/ncclAllGather without padding or copies.
+
+Call `close()` when done: a process group torn down by the garbage collector at interpreter exit can abort
+the process (gloo's worker threads still hold tensors then).
 """
 
 from __future__ import annotations
@@ -90,25 +96,30 @@ def _rendezvous(comm: Any) -> Any:
 
 
 class TorchTransport:
-    """A Transport over a torch.distributed process group ("nccl" for CUDA tensors, "gloo" for CPU)."""
+    """A Transport over a torch.distributed process group ("nccl" for CUDA tensors, "gloo" for CPU).
 
-    def __init__(self, comm: Any, backend: str = "nccl") -> None:
+    Collective over `comm`: every rank of it constructs its transport at the same point. `device` (NCCL
+    only): this rank's CUDA device; given, the NCCL communicator is created now (eagerly, while every rank is
+    here) instead of at the first collective.
+    """
+
+    def __init__(self, comm: Any, backend: str = "nccl", device: Any = None) -> None:
         dist = _deps.require("torch.distributed")
         self.comm = comm
         self.backend = backend
         self._rank: int = comm.Get_rank()
         self._size: int = comm.Get_size()
+        if backend not in ("nccl", "gloo"):
+            raise ConfigError(f"unknown torch transport backend {backend!r}; allowed: 'nccl' or 'gloo'")
+        if backend == "nccl" and not (dist.is_available() and dist.is_nccl_available()):
+            raise BackendUnavailable(
+                "NCCL", "a CUDA build of torch (pip install torch==2.13.0 from the CUDA index)"
+            )
         store = _rendezvous(comm)
         if backend == "nccl":
-            if not (dist.is_available() and dist.is_nccl_available()):
-                raise BackendUnavailable(
-                    "NCCL", "a CUDA build of torch (pip install torch==2.13.0 from the CUDA index)"
-                )
-            self.pg = dist.ProcessGroupNCCL(store, self._rank, self._size)
-        elif backend == "gloo":
-            self.pg = dist.ProcessGroupGloo(store, self._rank, self._size, _TIMEOUT)
+            self.pg = _nccl_group(dist, store, self._rank, self._size, device)
         else:
-            raise ConfigError(f"unknown torch transport backend {backend!r}; allowed: 'nccl' or 'gloo'")
+            self.pg = dist.ProcessGroupGloo(store, self._rank, self._size, _TIMEOUT)
 
     @property
     def rank(self) -> int:
@@ -147,29 +158,55 @@ class TorchTransport:
         opts.reduceOp = _reduce_op(op)
         self.pg.allreduce([t], opts).wait()
 
+    def reduce_scatter_equal(self, sendbuf: Any, recvbuf: Any, op: ReduceOp) -> None:
+        """Reduce-scatter of `size` equal parts: recvbuf (sendbuf.numel() / size elements, not overlapping
+        sendbuf) gets the reduction of part `rank` (ncclReduceScatter)."""
+        dist = _deps.require("torch.distributed")
+        opts = dist.ReduceScatterOptions()
+        opts.reduceOp = _reduce_op(op)
+        self.pg._reduce_scatter_base(_tensor(recvbuf), _tensor(sendbuf), opts).wait()
+
+    def allgather_equal(self, sendbuf: Any, recvbuf: Any) -> None:
+        """Allgather of equal parts: recvbuf holds `size` times sendbuf, in rank order (ncclAllGather)."""
+        self.pg._allgather_base(_tensor(recvbuf), _tensor(sendbuf)).wait()
+
     def reduce_scatter(self, sendbuf: NDArray, recvbuf: NDArray, counts: Sequence[int], op: ReduceOp) -> None:
-        """Allreduce of a copy, then this rank's slice (process groups want equal reduce_scatter parts)."""
-        tmp = _tensor(sendbuf).clone()
-        self.allreduce(tmp, op)
-        lo = sum(counts[: self._rank])
-        _tensor(recvbuf).copy_(tmp[lo : lo + counts[self._rank]])
+        """Reduce-scatter with per-rank counts: parts padded to the largest count, one equal-part call."""
+        src, out = _tensor(sendbuf).reshape(-1), _tensor(recvbuf).reshape(-1)
+        mine = counts[self._rank]
+        if len(set(counts)) == 1:
+            if mine:
+                self.reduce_scatter_equal(src, out, op)
+            return
+        width = max(counts)
+        padded = src.new_zeros(width * self._size)
+        off = 0
+        for i, c in enumerate(counts):
+            padded[i * width : i * width + c] = src[off : off + c]
+            off += c
+        part = src.new_empty(width)
+        self.reduce_scatter_equal(padded, part, op)
+        out.copy_(part[:mine])
 
     def allgatherv(self, buf: NDArray, counts: Sequence[int], sendbuf: NDArray | None = None) -> None:
-        """Allgather of parts padded to the largest count, then packed into `buf` in rank order."""
-        out = _tensor(buf)
+        """Allgather with per-rank counts into `buf`: one equal-part allgather (parts padded to the largest
+        count when they differ), then packed in rank order."""
+        out = _tensor(buf).reshape(-1)
         offsets = [sum(counts[:i]) for i in range(len(counts))]
-        mine = (
-            _tensor(sendbuf)
-            if sendbuf is not None
-            else out[offsets[self._rank] : offsets[self._rank] + counts[self._rank]]
-        )
+        lo, mine_n = offsets[self._rank], counts[self._rank]
+        mine = _tensor(sendbuf).reshape(-1) if sendbuf is not None else out[lo : lo + mine_n]
         width = max(counts) if counts else 0
+        if width == 0:
+            return
+        if len(set(counts)) == 1:
+            self.allgather_equal(mine.clone() if sendbuf is None else mine, out)
+            return
         padded = out.new_zeros(width)
-        padded[: counts[self._rank]] = mine.reshape(-1)
-        parts = [out.new_empty(width) for _ in counts]
-        self.pg.allgather([parts], [padded]).wait()
-        for i, part in enumerate(parts):
-            out[offsets[i] : offsets[i] + counts[i]] = part[: counts[i]]
+        padded[:mine_n] = mine
+        gathered = out.new_empty(width * self._size)
+        self.allgather_equal(padded, gathered)
+        for i, c in enumerate(counts):
+            out[offsets[i] : offsets[i] + c] = gathered[i * width : i * width + c]
 
     def bcast(self, buf: NDArray, root: int) -> None:
         dist = _deps.require("torch.distributed")
@@ -180,25 +217,11 @@ class TorchTransport:
     def alltoallv(
         self, sendbuf: NDArray, sendcounts: Sequence[int], recvbuf: NDArray, recvcounts: Sequence[int]
     ) -> None:
-        """Point-to-point exchange with every peer (works on every process-group backend)."""
-        src, dst = _tensor(sendbuf), _tensor(recvbuf)
-        so = [sum(sendcounts[:i]) for i in range(self._size)]
-        ro = [sum(recvcounts[:i]) for i in range(self._size)]
-        dst[ro[self._rank] : ro[self._rank] + recvcounts[self._rank]] = src[
-            so[self._rank] : so[self._rank] + sendcounts[self._rank]
-        ]
-        works = []
-        for peer in range(self._size):
-            if peer == self._rank:
-                continue
-            if recvcounts[peer]:
-                works.append(self.pg.recv([dst[ro[peer] : ro[peer] + recvcounts[peer]]], peer, 0x4154))
-            if sendcounts[peer]:
-                works.append(
-                    self.pg.send([src[so[peer] : so[peer] + sendcounts[peer]].contiguous()], peer, 0x4154)
-                )
-        for w in works:
-            w.wait()
+        """All-to-all with per-peer element counts, in one process-group call (ncclAllToAllv-style grouped
+        sends and receives on NCCL; no per-peer pair communicators, no ordering hazards)."""
+        dist = _deps.require("torch.distributed")
+        src, dst = _tensor(sendbuf).reshape(-1), _tensor(recvbuf).reshape(-1)
+        self.pg.alltoall_base(dst, src, list(recvcounts), list(sendcounts), dist.AllToAllOptions()).wait()
 
     def allgather_object(self, obj: object) -> list[Any]:
         gathered: list[Any] = self.comm.allgather(obj)
@@ -206,6 +229,26 @@ class TorchTransport:
 
     def barrier(self) -> None:
         self.comm.Barrier()
+
+    def close(self) -> None:
+        """Shut the process group down now (idempotent), rather than leave it to interpreter exit."""
+        pg, self.pg = getattr(self, "pg", None), None
+        if pg is None:
+            return
+        shutdown = getattr(pg, "shutdown", None) or getattr(pg, "abort", None)
+        if shutdown is not None:
+            shutdown()
+
+
+def _nccl_group(dist: Any, store: Any, rank: int, size: int, device: Any) -> Any:
+    """ProcessGroupNCCL with our timeout, connected eagerly on `device` when one is given (as
+    torch.distributed's own factory builds it)."""
+    opts = dist.ProcessGroupNCCL.Options()
+    opts._timeout = _TIMEOUT
+    pg = dist.ProcessGroupNCCL(store, rank, size, opts)
+    if device is not None and hasattr(pg, "eager_connect_single_device"):
+        pg.eager_connect_single_device(device)
+    return pg
 
 
 def make_transport(comm: Any) -> TorchTransport:

@@ -11,9 +11,15 @@ executed responses.
 from __future__ import annotations
 
 import heapq
-from collections import OrderedDict
+import operator
+from collections import OrderedDict, deque
+from collections.abc import Sequence
+from typing import Any
 
 from hpcring.collective.engine.request import Signature
+
+_NAME = operator.itemgetter(0)  # Signature.name
+_drain = deque[Any](maxlen=0).extend  # consumes an iterator in C, keeping nothing
 
 
 class ResponseCache:
@@ -26,6 +32,7 @@ class ResponseCache:
         self._lru: OrderedDict[int, None] = OrderedDict()  # least recently executed first
         self._next = 0  # high-water mark of used positions
         self._free: list[int] = []  # heap of freed positions below the mark
+        self.version = 0  # changes whenever a bit gets another signature (or none): guards derived plans
 
     @property
     def words(self) -> int:
@@ -41,6 +48,30 @@ class ResponseCache:
         if bit is None or self._sigs[bit] != sig:
             return None
         return bit
+
+    def lookup_all(self, sigs: Sequence[Signature]) -> list[int] | None:
+        """The bits of `sigs` when every one is cached with an identical signature, else None.
+
+        The steady state of a training step (hundreds of resubmitted gradients), answered with C-level passes
+        over the lists instead of one `lookup` call per signature."""
+        bits = list(map(self._by_name.get, map(_NAME, sigs)))
+        if None in bits or list(map(self._sigs.__getitem__, bits)) != list(sigs):  # type: ignore[arg-type]
+            return None
+        return bits  # type: ignore[return-value]
+
+    def signatures(self, bits: Sequence[int]) -> list[Signature]:
+        """The cached signatures at `bits` (each must be occupied)."""
+        return list(map(self._sigs.__getitem__, bits))
+
+    def touch(self, bits: Sequence[int], sigs: Sequence[Signature], version: int = -1) -> bool:
+        """Record the execution of cached responses: `put` for signatures still cached at their bits, as one
+        C-level pass. False (and nothing changed) when any bit no longer holds its signature (an earlier put
+        in the same cycle evicted it); the caller then puts them one by one. `version`: the cache's version
+        when `sigs` were read at `bits`; unchanged since, they are known to be there without comparing."""
+        if version != self.version and list(map(self._sigs.get, bits)) != list(sigs):
+            return False
+        _drain(map(self._lru.move_to_end, bits))
+        return True
 
     def bit_of(self, name: str) -> int | None:
         return self._by_name.get(name)
@@ -58,7 +89,9 @@ class ResponseCache:
             return None
         bit = self._by_name.get(sig.name)
         if bit is not None:
-            self._sigs[bit] = sig
+            if self._sigs[bit] is not sig:
+                self._sigs[bit] = sig
+                self.version += 1
             self._lru.move_to_end(bit)
             return None
         evicted = None
@@ -74,6 +107,7 @@ class ResponseCache:
         self._by_name[sig.name] = bit
         self._sigs[bit] = sig
         self._lru[bit] = None
+        self.version += 1
         return evicted
 
     def evict(self, name: str) -> int | None:
@@ -88,3 +122,4 @@ class ResponseCache:
         del self._by_name[sig.name]
         del self._lru[bit]
         heapq.heappush(self._free, bit)
+        self.version += 1

@@ -24,6 +24,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import functools
+import itertools
 import logging
 import math
 import operator
@@ -31,19 +32,25 @@ import queue
 import threading
 import time
 import weakref
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from collections import deque
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from itertools import repeat
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from hpcring.collective import api, dtypes
+from hpcring.collective.algorithms.ring import DEFAULT_CHUNK_BYTES
 from hpcring.collective.engine import phases
 from hpcring.collective.engine.cache import ResponseCache
+from hpcring.collective.engine.device import ROUTES as DEVICE_ROUTES
+from hpcring.collective.engine.device import DevicePlane
 from hpcring.collective.engine.request import CACHEABLE, Handle, OpType, Request, Signature, complete
 from hpcring.collective.engine.timeline import Timeline
 from hpcring.collective.engine.validation import check_agreement
 from hpcring.collective.ops import ReduceOp
+from hpcring.collective.selection import chunk_bytes
 from hpcring.config import EngineSettings
 from hpcring.errors import CollectiveError, ConfigError
 
@@ -55,7 +62,6 @@ _NO_NEW = 1  # this rank has no uncached request to announce
 _NO_SHUTDOWN = 2  # this rank does not ask to shut down
 _NO_ABORT = 4  # this rank (the set's rank 0) does not ask to abort on a stall
 _ALL_FLAGS = _NO_NEW | _NO_SHUTDOWN | _NO_ABORT
-_IDLE_CYCLES_BEFORE_BACKOFF = 100
 _IDLE_WAIT_S = 0.02
 _STALL_CHECK_EVERY_S = 1.0
 _SPIN_S = 200e-6
@@ -108,15 +114,24 @@ class _Entry:
     warned_at: float = 0.0
 
 
-@dataclass(slots=True)
-class Response:
-    """One agreed operation of a cycle, identical on every rank of the set (except `local`)."""
+class Response(NamedTuple):
+    """One agreed operation of a cycle, identical on every rank of the set (except `local`).
+
+    A NamedTuple: a steady-state cycle builds one per cached tensor, in C (`_response`) from zipped columns.
+    """
 
     sig: Signature
     local: Request | None  # this rank's request; None when this rank joined and contributes neutral values
     error: str | None = None
     result: Any = None  # join: last joined rank
-    ready_at: float = field(default_factory=time.monotonic)
+    ready_at: float = 0.0  # when negotiation found it ready (timeline)
+    bit: int = -1  # response-cache position it was taken from; -1 when it came through the table
+
+
+_Plan = list[list[int]]  # batches as positions in a cycle's responses (`plan_indices`)
+
+# Response from a (sig, local, error, result, ready_at, bit) tuple without a Python-level __new__.
+_response = functools.partial(tuple.__new__, Response)
 
 
 class _SetState:
@@ -143,6 +158,9 @@ class _SetState:
         self.last_stall_check = 0.0
         self.last_patience_scan = 0.0
         self.negotiating: set[str] = set()  # timeline: names with an open NEGOTIATE span
+        # (ready bits, cache version, count) of this cycle's cached responses; the plan made for such a key
+        self.ready_key: tuple[int, int, int] | None = None
+        self.plan_memo: tuple[tuple[int, int, int], _Plan, list[list[int] | None]] | None = None
 
     def fusion_view(self, dtype: np.dtype[Any], count: int) -> NDArray:
         """`count` elements of `dtype` in the persistent fusion buffer (grown, never shrunk)."""
@@ -175,8 +193,10 @@ class Engine:
         self._stopped = threading.Event()
         self._closed = False
         self._cycle_no = 0
-        self._idle_cycles = 0
         self._timeline: Timeline | None = None
+        self._chunk = chunk_bytes(DEFAULT_CHUNK_BYTES)  # ring pipelining chunk, read once
+        self._buffer = self._mpi.buffer  # an array's memory: address, size, read-only flag (zero-copy check)
+        self._device: DevicePlane | None = None  # batches of device tensors (device.py), built on first use
         # Counters for tests and benchmarks (written by the engine thread only).
         self.stats = {
             "cycles": 0,
@@ -185,6 +205,8 @@ class Engine:
             "table_ready": 0,
             "batches": 0,
             "fused": 0,
+            "no_pack": 0,  # fused batches reduced straight from the callers' adjacent inputs
+            "no_unpack": 0,  # fused batches reduced straight into the callers' adjacent outputs
         }
         self._configure_logging()
         root = world.subset(range(world.size))  # the engine's own communicators, never the caller's
@@ -201,32 +223,53 @@ class Engine:
 
     def submit(self, req: Request) -> Handle:
         """Queue a request; ValueError for a name already in flight in its process set on this rank."""
-        self.submit_many([req])
+        name = req.sig.name
+        with self._lock:
+            if self._closed or self._stopped.is_set():
+                raise self._shut_down()
+            st = self._sets.get(req.process_set_id) or self._member_state(req.process_set_id)
+            if name in st.inflight:
+                raise _duplicate(name)
+            st.inflight[name] = req
+            st.incoming.append(req)
+        self._wake.put(None)
         return req.handle
 
     def submit_many(self, reqs: Sequence[Request]) -> None:
         """Queue requests atomically: they reach negotiation in the same cycle, so a group (e.g. a grouped
         allreduce) becomes ready, and is fused, together. Nothing is queued if any request is refused."""
+        names = list(map(_REQ_NAME, reqs))
+        set_ids = list(map(_REQ_SET, reqs))
         with self._lock:
             if self._closed or self._stopped.is_set():
-                reason = self._stop_reason or "shutdown() called"
-                raise CollectiveError(f"hpcring engine is shut down ({reason})")
-            sets = self._sets
-            seen: set[tuple[int, str]] = set()
-            for req in reqs:
-                sid, name = req.process_set_id, req.sig.name
-                st = sets.get(sid) or self._member_state(sid)
-                if name in st.inflight or (sid, name) in seen:
-                    raise ValueError(
-                        f"a collective named {name!r} is already in flight on this rank; wait for it "
-                        "(synchronize) or use a different name"
-                    )
-                seen.add((sid, name))
-            for req in reqs:
-                st = sets[req.process_set_id]
-                st.inflight[req.sig.name] = req
-                st.incoming.append(req)
+                raise self._shut_down()
+            if names and set_ids.count(set_ids[0]) == len(set_ids):  # one set: C-level checks and inserts
+                st = self._sets.get(set_ids[0]) or self._member_state(set_ids[0])
+                inflight = st.inflight
+                if len(set(names)) != len(names) or not inflight.keys().isdisjoint(names):
+                    raise _duplicate(_first_duplicate(names, inflight))
+                inflight.update(zip(names, reqs, strict=True))
+                st.incoming.extend(reqs)
+            else:
+                self._submit_mixed(reqs, names, set_ids)
         self._wake.put(None)
+
+    def _shut_down(self) -> CollectiveError:
+        return CollectiveError(f"hpcring engine is shut down ({self._stop_reason or 'shutdown() called'})")
+
+    def _submit_mixed(self, reqs: Sequence[Request], names: list[str], set_ids: list[int]) -> None:
+        """submit_many for requests of several process sets (engine lock held)."""
+        sets = self._sets
+        seen: set[tuple[int, str]] = set()
+        for sid, name in zip(set_ids, names, strict=True):
+            st = sets.get(sid) or self._member_state(sid)
+            if name in st.inflight or (sid, name) in seen:
+                raise _duplicate(name)
+            seen.add((sid, name))
+        for req, sid, name in zip(reqs, set_ids, names, strict=True):
+            st = sets[sid]
+            st.inflight[name] = req
+            st.incoming.append(req)
 
     def _member_state(self, set_id: int) -> _SetState:
         st = self._sets.get(set_id)
@@ -294,6 +337,8 @@ class Engine:
             return
         self.stop_timeline()
         phases.set_listener(None)
+        if self._device is not None:
+            self._device.close()
         for st in self._sets.values():
             st.topology.free()
         self._sets.clear()
@@ -328,6 +373,8 @@ class Engine:
             self._set_ranks.pop(set_id, None)
         if st is not None:
             self._fail_set(st, f"process set {set_id} was removed while this request was pending")
+            if self._device is not None:
+                self._device.release(set_id)
             st.topology.free()
 
     # ------------------------------------------------------------------ the thread
@@ -365,9 +412,12 @@ class Engine:
         """Wait for the next cycle.
 
         With requests in flight the next cycle starts `period` after this one (the fusion window: requests
-        submitted meanwhile are negotiated together). With nothing in flight on this rank a submit wakes the
-        thread at once, so a lone synchronous op does not pay the window; after many idle cycles the wait
-        grows to _IDLE_WAIT_S (still woken by a submit) to leave the CPU to the training.
+        submitted meanwhile are negotiated together). With nothing in flight on this rank the thread waits for
+        a submit, which wakes it at once (a lone synchronous op does not pay the window), or _IDLE_WAIT_S at
+        most (shutdown and stall checks). It does not run idle cycles on the `period` clock: nothing a peer
+        waits for can complete before this rank submits it, and an idle cycle that happens to start just
+        before a submission pairs (negotiation is collective, cycle by cycle) with a peer's cycle that
+        carries the request, which then waits a whole period for the next one.
         """
         wake = self._wake
         while not wake.empty():  # tokens of submissions this cycle already took in
@@ -379,45 +429,53 @@ class Engine:
                 return
             locally_idle = not any(st.inflight for st in self._sets.values())
         if locally_idle:
-            long_idle = self._idle_cycles > _IDLE_CYCLES_BEFORE_BACKOFF
             with contextlib.suppress(queue.Empty):  # a submit after the check above left a token: no wait
-                wake.get(timeout=max(period, _IDLE_WAIT_S) if long_idle else period)
+                wake.get(timeout=max(period, _IDLE_WAIT_S))
             return
         delay = start + period - time.monotonic()
         if delay > 0:
             time.sleep(delay)
 
-    def _agree(self, st: _SetState, vec: NDArray) -> None:
-        """Bitwise-AND allreduce of the negotiation vector, polled instead of blocking.
+    def _agree(self, st: _SetState, flags: int, hit: int, absent: int) -> tuple[int, int, int]:
+        """Bitwise AND over the set's ranks of this rank's (flags, hit, absent) words (see `_vector`).
 
-        A blocking MPI call busy-polls; when ranks outnumber cores (or another rank is still computing) that
-        spin steals the CPU the other ranks need. So: spin on Test() for _SPIN_S (peers that are already there
-        answer in microseconds), then sleep with exponential backoff up to _MAX_BACKOFF_S between tests.
-        """
+        The bit sets travel as Python ints serialised little-endian: a few byte conversions instead of a loop
+        over words (and a bitwise AND does not care about byte order). The allreduce is non-blocking and
+        polled: a blocking MPI call busy-polls, and when ranks outnumber cores (or another rank is still
+        computing) that spin steals the CPU the other ranks need. So: spin on Test() for _SPIN_S (peers that
+        are already there answer in microseconds), then sleep with exponential backoff up to _MAX_BACKOFF_S
+        between tests. A set of one rank agrees with itself: no vector at all."""
         if st.size == 1:
-            return  # the AND over one rank is the vector itself
+            return flags, hit, absent
+        nbytes = 8 * st.cache.words
+        raw = flags.to_bytes(8, "little") + hit.to_bytes(nbytes, "little") + absent.to_bytes(nbytes, "little")
+        vec = np.frombuffer(bytearray(raw), dtype=np.uint64)
         req = st.comm.Iallreduce(self._mpi.IN_PLACE, vec, op=self._mpi.BAND)
         deadline = time.monotonic() + _SPIN_S
-        while time.monotonic() < deadline:
-            if req.Test():
-                return
-        pause = _MIN_BACKOFF_S
         while not req.Test():
-            time.sleep(pause)
-            pause = min(pause * 2, _MAX_BACKOFF_S)
+            if time.monotonic() >= deadline:
+                pause = _MIN_BACKOFF_S
+                while not req.Test():
+                    time.sleep(pause)
+                    pause = min(pause * 2, _MAX_BACKOFF_S)
+                break
+        raw = vec.tobytes()
+        return (
+            int.from_bytes(raw[:8], "little"),
+            int.from_bytes(raw[8 : 8 + nbytes], "little"),
+            int.from_bytes(raw[8 + nbytes :], "little"),
+        )
 
     def _cycle(self) -> bool:
         """One negotiation cycle over every set this rank is in; True when the engine must stop."""
         self._cycle_no += 1
         self.stats["cycles"] += 1
         timeline = self._timeline
-        busy = False
         for set_id in sorted(self._sets):
             st = self._sets.get(set_id)
             if st is None:  # removed earlier in this cycle
                 continue
-            responses, flags, busy_here = self._negotiate(st, timeline)
-            busy = busy or busy_here
+            responses, flags = self._negotiate(st, timeline)
             if set_id == 0 and not flags & _NO_SHUTDOWN:
                 if self._stop_reason is None:
                     self._stop_reason = "another rank shut down hpcring (it called shutdown() or exited)"
@@ -428,7 +486,6 @@ class Engine:
                 if timeline is not None:
                     timeline.cycle(self._cycle_no)
                 self._execute(st, responses, timeline)
-        self._idle_cycles = 0 if busy else self._idle_cycles + 1
         return False
 
     # ------------------------------------------------------------------ negotiation
@@ -436,6 +493,16 @@ class Engine:
     def _intake(self, st: _SetState, timeline: Timeline | None, now: float) -> None:
         with self._lock:
             new, st.incoming = st.incoming, []
+        if len(new) == 1 and timeline is None:  # the latency path
+            bit = st.cache.lookup(new[0].sig)  # None for anything never cached (join, barrier, ...)
+            if bit is not None:
+                st.cached_wait[bit] = new[0]
+                new = []
+        elif new and timeline is None:
+            bits = st.cache.lookup_all(list(map(_REQ_SIG, new)))
+            if bits is not None:  # the steady state: every new request is cached (C-level passes)
+                st.cached_wait.update(zip(bits, new, strict=True))
+                new = []
         lookup, cached_wait, outbox = st.cache.lookup, st.cached_wait, st.outbox
         for req in new:
             sig = req.sig
@@ -443,9 +510,9 @@ class Engine:
                 st.negotiating.add(sig.name)
                 timeline.begin(sig.name, f"NEGOTIATE_{sig.op_type.name}", when=req.submitted_at)
             op = sig.op_type
-            if op is OpType.JOIN:
+            if op is _JOIN:
                 st.local_join = req
-            elif op is OpType.ALLREDUCE or op in CACHEABLE:  # `is` first: hashing an Enum runs Python code
+            elif op is _ALLREDUCE or op in CACHEABLE:  # `is` first: hashing an Enum runs Python code
                 bit = lookup(sig)
                 if bit is not None:
                     cached_wait[bit] = req
@@ -462,13 +529,10 @@ class Engine:
                     del cached_wait[bit]
                     outbox.append(req)
 
-    def _vector(self, st: _SetState) -> NDArray:
-        """[flags, hit words, absent words]. Bit b of `hit`: "I have cached request b pending (or joined)";
-        of `absent`: "I do not have it". After the AND, hit & ~absent = ready and wanted by some rank.
-
-        The bit sets are Python ints serialised little-endian: building and reading the vector costs a few
-        byte conversions instead of a loop over words (and a bitwise AND does not care about byte order)."""
-        nbytes = 8 * st.cache.words
+    def _vector(self, st: _SetState) -> tuple[int, int, int]:
+        """This rank's (flags, hit, absent). Bit b of `hit`: "I have cached request b pending (or joined)";
+        of `absent`: "I do not have it". After the AND over ranks, hit & ~absent = ready and wanted by some
+        rank."""
         flags = _ALL_FLAGS
         if st.outbox:
             flags &= ~_NO_NEW
@@ -477,35 +541,31 @@ class Engine:
         if st.abort:
             flags &= ~_NO_ABORT
         hit = _pack_bits(st.cached_wait, len(st.cached_wait))
-        absent = hit ^ ((1 << 8 * nbytes) - 1)
+        absent = hit ^ ((1 << 64 * st.cache.words) - 1)
         if st.local_join is not None:
             # A joined rank agrees to every cached op it is not itself waiting on through the table.
             pending = st.inflight
             agree = [b for b in st.cache.bits() if st.cache.signature(b).name not in pending]
             hit |= _pack_bits(agree, len(agree))
-        raw = flags.to_bytes(8, "little") + hit.to_bytes(nbytes, "little") + absent.to_bytes(nbytes, "little")
-        return np.frombuffer(bytearray(raw), dtype=np.uint64)
+        return flags, hit, absent
 
-    def _negotiate(self, st: _SetState, timeline: Timeline | None) -> tuple[list[Response], int, bool]:
-        """Steps 1 and 2 of the module docstring; returns (ready responses, agreed flags, busy)."""
+    def _negotiate(self, st: _SetState, timeline: Timeline | None) -> tuple[list[Response], int]:
+        """Steps 1 and 2 of the module docstring; returns (ready responses, agreed flags)."""
         now = time.monotonic()
         self._intake(st, timeline, now)
-        vec = self._vector(st)
-        self._agree(st, vec)
-        raw = vec.tobytes()
-        flags = int.from_bytes(raw[:8], "little")
+        flags, hit, absent = self._agree(st, *self._vector(st))
         if st.id == 0 and not flags & _NO_SHUTDOWN:
-            return [], flags, True
-        nbytes = 8 * st.cache.words
-        absent = int.from_bytes(raw[8 + nbytes :], "little")
-        ready = int.from_bytes(raw[8 : 8 + nbytes], "little") & ~absent
+            return [], flags
+        ready = hit & ~absent
         responses: list[Response] = []
         if ready:
             ready_at = time.monotonic()
-            signature, pop = st.cache.signature, st.cached_wait.pop
-            responses = [  # bits in increasing order: the same order on every rank
-                Response(signature(b), pop(b, None), None, None, ready_at) for b in _unpack_bits(ready)
-            ]
+            bits = _unpack_bits(ready)  # in increasing order: the same order on every rank
+            sigs = st.cache.signatures(bits)
+            locals_ = list(map(st.cached_wait.pop, bits, repeat(None)))  # None: joined, neutral values
+            columns = zip(sigs, locals_, repeat(None), repeat(None), repeat(ready_at), bits)
+            responses = list(map(_response, columns))
+        st.ready_key = (ready, st.cache.version, len(responses)) if ready else None
         self.stats["cache_hits"] += len(responses)
         if not flags & _NO_NEW:
             self._exchange(st, timeline, now)
@@ -513,10 +573,7 @@ class Engine:
         if st.rank == 0 and now - st.last_stall_check > _STALL_CHECK_EVERY_S:
             st.last_stall_check = now
             self._check_stalls(st, now)
-        busy = bool(responses or st.table or st.cached_wait or st.outbox or not flags & _NO_NEW)
-        if nbytes and not busy:  # some rank has a cached request pending that this rank has not submitted
-            busy = absent != (1 << 8 * nbytes) - 1
-        return responses, flags, busy
+        return responses, flags
 
     def _exchange(self, st: _SetState, timeline: Timeline | None, now: float) -> None:
         """Allgather the new signatures (with how long each waited) into the identical table on every rank."""
@@ -524,12 +581,12 @@ class Engine:
         mine, st.outbox = st.outbox, []
         payload = [(req.sig, now - req.submitted_at) for req in mine]
         for req in mine:
-            if req.sig.op_type is not OpType.JOIN:
+            if req.sig.op_type is not _JOIN:
                 st.announced[req.sig.name] = req
         gathered: list[list[tuple[Signature, float]]] = st.comm.allgather(payload)
         for r, items in enumerate(gathered):
             for sig, waited in items:
-                if sig.op_type is OpType.JOIN:
+                if sig.op_type is _JOIN:
                     if r not in st.joined:
                         st.joined.append(r)
                     continue
@@ -562,14 +619,14 @@ class Engine:
             sig = entry.sigs[min(entry.sigs)]
             if error is None:
                 error = self._join_conflict(st, sig, joined - set(entry.sigs))
-            out.append(Response(sig, st.announced.pop(name, None), error))
+            out.append(Response(sig, st.announced.pop(name, None), error, None, time.monotonic()))
             self.stats["table_ready"] += 1
         if st.joined and len(joined) == st.size:
             last = st.ranks[st.joined[-1]]
             local = st.local_join
             st.joined.clear()
             st.local_join = None
-            out.append(Response(Signature("join", OpType.JOIN), local, None, last))
+            out.append(Response(Signature("join", _JOIN), local, None, last, time.monotonic()))
         return out
 
     @staticmethod
@@ -652,7 +709,9 @@ class Engine:
                     timeline.end(name, f"NEGOTIATE_{r.sig.op_type.name}", when=r.ready_at)
                 timeline.begin(name, r.sig.op_type.name, when=r.ready_at)
                 timeline.begin(name, "QUEUE", when=r.ready_at)
-        for batch in plan_batches(responses, self.settings.fusion_threshold):
+        plan, counts = self._plan(st, responses)
+        for idx, batch_counts in zip(plan, counts, strict=True):
+            batch = responses if len(idx) == len(responses) else list(map(responses.__getitem__, idx))
             self.stats["batches"] += 1
             if len(batch) > 1:
                 self.stats["fused"] += len(batch)
@@ -660,20 +719,50 @@ class Engine:
                 now = time.monotonic()
                 for r in batch:
                     timeline.end(r.sig.name, "QUEUE", when=now)
-            self._run_batch(st, batch, timeline)
+            self._run_batch(st, batch, timeline, batch_counts)
             if timeline is not None:
                 now = time.monotonic()
                 for r in batch:
                     timeline.end(r.sig.name, r.sig.op_type.name, when=now)
 
-    def _run_batch(self, st: _SetState, batch: list[Response], timeline: Timeline | None) -> None:
+    def _plan(self, st: _SetState, responses: list[Response]) -> tuple[_Plan, list[list[int] | None]]:
+        """`plan_indices` and, per batch, the element count of each tensor (None: not known in advance).
+
+        Remembered for a repeated set of cached responses: a training step's gradients come back ready
+        together step after step, and the plan depends only on their signatures, which the ready bits and the
+        cache's version identify."""
+        key = st.ready_key
+        if key is None or len(responses) != key[2]:  # table responses too: plan afresh
+            plan = plan_indices(responses, self.settings.fusion_threshold)
+            return plan, [None] * len(plan)
+        memo = st.plan_memo
+        if memo is not None and memo[0] == key:
+            return memo[1], memo[2]
+        plan = plan_indices(responses, self.settings.fusion_threshold)
+        sigs = list(map(_SIG, responses))
+        counts: list[list[int] | None] = [
+            list(map(math.prod, map(_SHAPE, map(sigs.__getitem__, idx)))) for idx in plan
+        ]
+        st.plan_memo = (key, plan, counts)
+        return plan, counts
+
+    def _run_batch(
+        self,
+        st: _SetState,
+        batch: list[Response],
+        timeline: Timeline | None,
+        counts: list[int] | None = None,
+    ) -> None:
         first = batch[0]
         try:
             if first.error is not None:
                 raise CollectiveError(first.error)
             op = first.sig.op_type
-            if op is OpType.ALLREDUCE:
-                results = self._allreduce(st, batch, timeline)
+            if first.sig.device in DEVICE_ROUTES:  # torch tensors on a device: the device plane, never numpy
+                self._device = self._device or DevicePlane(self.settings)
+                results = self._device.run(st.id, st.topology, batch, timeline)
+            elif op is _ALLREDUCE:
+                results = self._allreduce(st, batch, timeline, counts)
             else:
                 results = [self._single(st, first, timeline)]
         except Exception as exc:
@@ -686,32 +775,55 @@ class Engine:
                 err.__cause__ = exc
             self._finish_many(st, batch, [None] * len(batch), err)
             return
+        self._remember(st, batch)
+        self._finish_many(st, batch, results)
+
+    @staticmethod
+    def _remember(st: _SetState, batch: list[Response]) -> None:
+        """Record an executed batch in the response cache, in execution order (identical on every rank).
+
+        A batch is either one response or allreduces only (`plan_batches`), so the first op decides. Responses
+        that came from the cache are refreshed with one C-level pass; the rest are put one by one, and a
+        request waiting on a bit that a put evicted renegotiates through the table."""
+        op = batch[0].sig.op_type
+        if op is not _ALLREDUCE and op not in CACHEABLE:
+            return
+        if len(batch) > 1:
+            bits = list(map(_BIT, batch))
+            version = -1 if st.ready_key is None else st.ready_key[1]  # when these responses were read
+            if -1 not in bits and st.cache.touch(bits, list(map(_SIG, batch)), version):
+                return
         put, cached_wait = st.cache.put, st.cached_wait
         for r in batch:
-            op = r.sig.op_type
-            if op is OpType.ALLREDUCE or op in CACHEABLE:
-                evicted = put(r.sig)
-                if evicted is not None and evicted in cached_wait:
-                    st.outbox.append(cached_wait.pop(evicted))
-        self._finish_many(st, batch, results)
+            evicted = put(r.sig)
+            if evicted is not None and evicted in cached_wait:
+                st.outbox.append(cached_wait.pop(evicted))
 
     def _finish_many(
         self, st: _SetState, batch: list[Response], results: list[Any], error: BaseException | None = None
     ) -> None:
-        """Hand results (or the error) to this rank's requests; one lock round for the whole batch."""
-        handles: list[Handle] = []
-        kept: list[Any] = []
+        """Hand results (or the error) to this rank's requests: one lock round, C-level passes."""
+        if len(batch) == 1:  # the latency path: no lists
+            req = batch[0].local
+            if req is not None:
+                with self._lock:
+                    if st.inflight.get(req.sig.name) is req:
+                        del st.inflight[req.sig.name]
+                complete((req.handle,), results, error)
+            return
+        reqs: list[Any] = list(map(_LOCAL, batch))
+        if None in reqs:  # joined: this rank has no request for those
+            kept = [(q, res) for q, res in zip(reqs, results, strict=True) if q is not None]
+            reqs, results = [q for q, _ in kept], [res for _, res in kept]
+        names = list(map(_REQ_NAME, reqs))
         inflight = st.inflight
         with self._lock:
-            for r, result in zip(batch, results, strict=True):
-                req = r.local
-                if req is None:
-                    continue
-                if inflight.get(req.sig.name) is req:
-                    del inflight[req.sig.name]
-                handles.append(req.handle)
-                kept.append(result)
-        complete(handles, kept, error)
+            popped = list(map(inflight.pop, names, repeat(None)))
+            if popped != reqs:  # an entry that is not this request (defensive): put it back
+                for name, was, req in zip(names, popped, reqs, strict=True):
+                    if was is not None and was is not req:
+                        inflight[name] = was
+        complete(list(map(_HANDLE, reqs)), results, error)
 
     def _reduce(self, st: _SetState, src: NDArray, dst: NDArray, sig: Signature) -> None:
         """dst = allreduce(src) with the agreed op and scale factors (dst may be src).
@@ -727,17 +839,20 @@ class Engine:
                 flat_dst[...] = flat_src
             dtypes.scale(flat_dst, sig.prescale)
             flat_src = flat_dst
-        api.run_allreduce(st.topology, flat_src, flat_dst, op, self.settings.allreduce_algorithm)
+        api.run_allreduce(st.topology, flat_src, flat_dst, op, self.settings.allreduce_algorithm, self._chunk)
         post = sig.postscale / st.size if op is ReduceOp.AVERAGE else sig.postscale
         if post != 1.0:
             dtypes.scale(flat_dst, post)
 
-    def _allreduce(self, st: _SetState, batch: list[Response], timeline: Timeline | None) -> list[Any]:
+    def _allreduce(
+        self, st: _SetState, batch: list[Response], timeline: Timeline | None, counts: list[int] | None = None
+    ) -> list[Any]:
         sig = batch[0].sig
         dtype = numpy_dtype(sig.dtype)
-        names = [r.sig.name for r in batch] if timeline is not None else []
+        names = list(map(_RESP_NAME, batch)) if timeline is not None else []
+        reqs: list[Any] = list(map(_LOCAL, batch))
         if len(batch) == 1:
-            req = batch[0].local
+            req = reqs[0]
             src = (
                 req.tensor
                 if req is not None and req.tensor is not None
@@ -747,22 +862,92 @@ class Engine:
             with self._span(timeline, names, "COLLECTIVE"):
                 self._reduce(st, src, dst, sig)
             return [dst]
-        counts = list(map(math.prod, map(_SHAPE, (r.sig for r in batch))))  # allreduce shapes: no -1
+        if counts is None:
+            counts = list(map(math.prod, map(_SHAPE, map(_SIG, batch))))  # allreduce shapes: no -1
+        if None in reqs:
+            return self._allreduce_joined(st, batch, reqs, counts, dtype, timeline, names)
+        tensors: list[Any] = list(map(_TENSOR, reqs))
+        outputs: list[Any] = list(map(_OUTPUT, reqs))
+        if any(map(_is_none, outputs)):  # not `None in`: that would compare array elements
+            outputs = [t if o is None else o for t, o in zip(tensors, outputs, strict=True)]
+        if any(map(_is_none, tensors)):
+            return self._allreduce_joined(st, batch, reqs, counts, dtype, timeline, names)
+        src, dst = self._zero_copy_views(tensors, outputs, dtype)
+        self.stats["no_pack"] += src is not None
+        self.stats["no_unpack"] += dst is not None
+        if src is not None and dst is not None:  # adjacent views: reduced where they are
+            with self._span(timeline, names, "COLLECTIVE"):
+                self._reduce(st, src, dst, sig)
+            return outputs
+        buf = st.fusion_view(dtype, sum(counts))
+        if src is None:
+            with self._span(timeline, names, "MEMCPY_IN_FUSION_BUFFER"):
+                np.concatenate(tensors, axis=None, out=buf)  # one C loop packs every tensor
+        with self._span(timeline, names, "COLLECTIVE"):
+            self._reduce(st, buf if src is None else src, buf if dst is None else dst, sig)
+        if dst is None:
+            with self._span(timeline, names, "MEMCPY_OUT_FUSION_BUFFER"):
+                _unpack(buf, counts, outputs)
+        return outputs
+
+    def _zero_copy_views(
+        self, tensors: list[NDArray], outputs: list[NDArray], dtype: np.dtype[Any]
+    ) -> tuple[Any, Any]:
+        """(input region, output region) as single arrays of `dtype` where a batch's tensors (outputs) lie
+        back to back in memory, else None for that side, which then goes through the fusion buffer.
+
+        Gradients laid out as views of one flat buffer (DDP's `gradient_as_bucket_view`, or any caller that
+        allocates a group in one piece) are then reduced where they are: no pack, no unpack. In place (every
+        output is its input) gives one region for both; regions that overlap otherwise are not used (MPI
+        forbids aliased send and receive buffers). Only regions written in place must be writeable."""
+        in_place = all(map(operator.is_, outputs, tensors))
+        span_in = _adjacent_span(tensors, self._buffer, writeable=in_place)
+        if span_in is not None and span_in[1].dtype != dtype:
+            span_in = None
+        if in_place:
+            return (span_in[1], span_in[1]) if span_in is not None else (None, None)
+        span_out = _adjacent_span(outputs, self._buffer, writeable=True)
+        if span_out is not None and span_out[1].dtype != dtype:
+            span_out = None
+        if span_in is not None and span_out is not None:
+            (a, src), (b, dst) = span_in, span_out
+            if src.nbytes != dst.nbytes:
+                return None, None  # outputs not shaped like the inputs: let the copies say so
+            if a == b:
+                return src, src  # the same memory: in place
+            if a < b + dst.nbytes and b < a + src.nbytes:
+                return None, None  # partial overlap: pack and unpack
+            return src, dst
+        return (
+            None if span_in is None else span_in[1],
+            None if span_out is None else span_out[1],
+        )
+
+    def _allreduce_joined(
+        self,
+        st: _SetState,
+        batch: list[Response],
+        reqs: list[Request | None],
+        counts: list[int],
+        dtype: np.dtype[Any],
+        timeline: Timeline | None,
+        names: list[str],
+    ) -> list[Any]:
+        """A fused batch where this rank contributes neutral values for some tensors (it joined)."""
+        sig = batch[0].sig
         buf = st.fusion_view(dtype, sum(counts))
         with self._span(timeline, names, "MEMCPY_IN_FUSION_BUFFER"):
             parts: list[NDArray] = []
-            for r, n in zip(batch, counts, strict=True):
-                req = r.local
+            for req, n in zip(reqs, counts, strict=True):
                 tensor = req.tensor if req is not None else None
                 parts.append(tensor if tensor is not None else _neutral(sig.reduce_op, dtype, (n,)))
-            np.concatenate(parts, axis=None, out=buf)  # one C loop packs every tensor
+            np.concatenate(parts, axis=None, out=buf)
         with self._span(timeline, names, "COLLECTIVE"):
             self._reduce(st, buf, buf, sig)
         results: list[Any] = []
         with self._span(timeline, names, "MEMCPY_OUT_FUSION_BUFFER"):
             off = 0
-            for r, n in zip(batch, counts, strict=True):
-                req = r.local
+            for req, n in zip(reqs, counts, strict=True):
                 out = None if req is None else (req.output if req.output is not None else req.tensor)
                 if out is not None:
                     np.copyto(out, buf[off : off + n].reshape(out.shape))
@@ -820,11 +1005,7 @@ class Engine:
 
     def _phase_listener(self, name: str, begin: bool) -> None:
         """Called by the collective algorithms (through `phases`) to nest their stages in the timeline."""
-        timeline, names = phases.current()
-        if timeline is None:
-            return
-        for n in names:
-            (timeline.begin if begin else timeline.end)(n, name)
+        phases.record(name, begin)
 
     def _fail_set(self, st: _SetState, message: str) -> None:
         with self._lock:
@@ -847,36 +1028,58 @@ class _NullSpan:
 _NULL_SPAN = _NullSpan()
 
 
+def _duplicate(name: str) -> ValueError:
+    return ValueError(
+        f"a collective named {name!r} is already in flight on this rank; wait for it (synchronize) or use a "
+        "different name"
+    )
+
+
+def _first_duplicate(names: Sequence[str], inflight: Mapping[str, object]) -> str:
+    """The first of `names` already in flight or repeated within `names` (the caller knows there is one)."""
+    seen: set[str] = set()
+    for name in names:
+        if name in inflight or name in seen:
+            return name
+        seen.add(name)
+    raise AssertionError("no duplicate name")  # pragma: no cover - only called when a duplicate exists
+
+
 def plan_batches(responses: list[Response], limit: int) -> list[list[Response]]:
     """Group responses into batches run one after the other: compatible allreduces (same dtype, op, scale
     factors, device) fused up to `limit` bytes, looking ahead over allreduces only (never past another op, so
     e.g. a barrier keeps its place). Deterministic, so every rank forms the same batches."""
-    if limit <= 0 or len(responses) == 1:
-        return [[r] for r in responses]
+    return [list(map(responses.__getitem__, idx)) for idx in plan_indices(responses, limit)]
+
+
+def plan_indices(responses: Sequence[Response], limit: int) -> list[list[int]]:
+    """`plan_batches` as positions in `responses` (what the engine remembers between cycles)."""
     n = len(responses)
-    sigs = [r.sig for r in responses]
+    if limit <= 0 or n == 1:
+        return [[i] for i in range(n)]
+    sigs = list(map(_SIG, responses))
     keys = list(map(_FUSION_KEY, sigs))
     if (  # the steady state, one group of like allreduces: decided with C-level passes over the lists
         keys.count(keys[0]) == n
-        and list(map(_OP_TYPE, sigs)).count(OpType.ALLREDUCE) == n
-        and [r.error for r in responses].count(None) == n
+        and list(map(_OP_TYPE, sigs)).count(_ALLREDUCE) == n
+        and list(map(_ERROR, responses)).count(None) == n
         and _itemsize(sigs[0].dtype) * sum(map(math.prod, map(_SHAPE, sigs))) <= limit
     ):
-        return [list(responses)]
+        return [list(range(n))]
     # Per response, computed once: its fusion key (None when it never fuses) and size; a look-ahead stops at
     # the first response that is not an allreduce.
-    allreduce = [s.op_type is OpType.ALLREDUCE for s in sigs]
+    allreduce = [s.op_type is _ALLREDUCE for s in sigs]
     fusable = [
         k if ar and r.error is None else None for r, k, ar in zip(responses, keys, allreduce, strict=True)
     ]
     sizes = [_nbytes(r.sig) if k is not None else 0 for r, k in zip(responses, fusable, strict=True)]
-    batches: list[list[Response]] = []
+    batches: list[list[int]] = []
     used = [False] * n
-    for i, r in enumerate(responses):
+    for i in range(n):
         if used[i]:
             continue
         used[i] = True
-        batch = [r]
+        batch = [i]
         key = fusable[i]
         if key is not None:
             total = sizes[i]
@@ -886,7 +1089,7 @@ def plan_batches(responses: list[Response], limit: int) -> list[list[Response]]:
                 if used[j] or fusable[j] != key or total + sizes[j] > limit:
                     continue
                 used[j] = True
-                batch.append(responses[j])
+                batch.append(j)
                 total += sizes[j]
         batches.append(batch)
     return batches
@@ -922,14 +1125,20 @@ def _itemsize(dtype: str) -> int:
 _itemsizes: dict[str, int] = {}  # by agreed dtype name (a dict lookup is cheaper than the lru_cache call)
 
 
-def _pack_bits(bits: Iterable[int], n: int) -> int:
-    """The int with the given `n` bit positions set (numpy for many bits: one C pass instead of n big-int
-    operations)."""
+def _pack_bits(bits: Collection[int], n: int) -> int:
+    """The int with the `n` distinct bit positions `bits` set.
+
+    A training step's gradients sit at consecutive cache bits (assigned in first-execution order), so a run
+    of consecutive positions (n distinct values from min to max) is one shift; otherwise numpy for many bits
+    (one C pass instead of n big-int operations)."""
     if n <= _FEW_BITS:
         mask = 0
         for b in bits:
             mask |= 1 << b
         return mask
+    low = min(bits)
+    if max(bits) - low + 1 == n:
+        return ((1 << n) - 1) << low
     positions = np.fromiter(bits, dtype=np.intp, count=n)
     flags = np.zeros(int(positions.max()) + 1, dtype=np.uint8)
     flags[positions] = 1
@@ -937,7 +1146,7 @@ def _pack_bits(bits: Iterable[int], n: int) -> int:
 
 
 def _unpack_bits(mask: int) -> list[int]:
-    """Positions of the set bits of `mask`, in increasing order."""
+    """Positions of the set bits of `mask`, in increasing order (a single run of ones is one `range`)."""
     if mask.bit_count() <= _FEW_BITS:
         out = []
         while mask:
@@ -945,6 +1154,81 @@ def _unpack_bits(mask: int) -> list[int]:
             out.append(low.bit_length() - 1)
             mask ^= low
         return out
+    low = (mask & -mask).bit_length() - 1
+    run = mask >> low
+    if not run & (run + 1):  # all ones
+        return list(range(low, low + run.bit_length()))
     raw = np.frombuffer(mask.to_bytes((mask.bit_length() + 7) // 8, "little"), dtype=np.uint8)
     positions: list[int] = np.flatnonzero(np.unpackbits(raw, bitorder="little")).tolist()
     return positions
+
+
+# Hot-path getters: C-level callables for map() over a cycle's requests and responses.
+_REQ_SIG = operator.attrgetter("sig")
+_REQ_NAME = operator.attrgetter("sig.name")
+_REQ_SET = operator.attrgetter("process_set_id")
+_TENSOR = operator.attrgetter("tensor")
+_OUTPUT = operator.attrgetter("output")
+_HANDLE = operator.attrgetter("handle")
+_SIG, _LOCAL, _ERROR, _BIT = (
+    operator.itemgetter(Response._fields.index(f)) for f in ("sig", "local", "error", "bit")
+)
+_RESP_NAME = operator.attrgetter("sig.name")
+_C_CONTIGUOUS = operator.attrgetter("flags.c_contiguous")
+_NBYTES = operator.attrgetter("nbytes")
+_ARRAY_SHAPE = operator.attrgetter("shape")
+_NDIM = operator.attrgetter("ndim")
+_ADDRESS = operator.attrgetter("address")
+_READONLY = operator.attrgetter("readonly")
+_DTYPE = operator.attrgetter("dtype")
+_is_none = functools.partial(operator.is_, None)
+_drain = deque[Any](maxlen=0).extend  # consumes an iterator in C, keeping nothing
+# Enum members read once: attribute access on an Enum class runs Python code (~0.3 us each on 3.11).
+_ALLREDUCE = OpType.ALLREDUCE
+_JOIN = OpType.JOIN
+
+
+def _adjacent_span(
+    arrays: Sequence[NDArray], buffer: Callable[[NDArray], Any], writeable: bool = False
+) -> tuple[int, NDArray] | None:
+    """(start address, one flat array over all of them) when `arrays` (at least two) are C-contiguous, of one
+    dtype and lie back to back in memory in list order (and are writeable, if asked); else None.
+
+    `buffer` exposes an array's memory as an object with `address`, `nbytes` and `readonly`, raising
+    BufferError for a non-contiguous one: `mpi4py.MPI.buffer`, a C-level constructor about 6x cheaper per
+    array than numpy's `.ctypes.data`. List order matters: every rank presents the batch to the collective in
+    the (agreed) order of its responses, whether from a span or packed. The first two arrays are checked
+    before anything else, so independently allocated tensors (never adjacent: the allocator keeps a header
+    between blocks) cost about a microsecond. The span covers exactly the bytes of the arrays, all alive for
+    the duration of the operation, so reading and writing it is reading and writing them."""
+    try:
+        one, two = buffer(arrays[0]), buffer(arrays[1])
+        if one.address + one.nbytes != two.address:
+            return None
+        bufs = list(map(buffer, arrays))
+    except BufferError:  # not contiguous
+        return None
+    addrs = list(map(_ADDRESS, bufs))
+    if list(map(operator.add, addrs[:-1], map(_NBYTES, bufs))) != addrs[1:]:
+        return None
+    first, n = arrays[0], len(arrays)
+    if writeable and any(map(_READONLY, bufs)):
+        return None
+    if list(map(_DTYPE, arrays)).count(first.dtype) != n:
+        return None
+    if list(map(_NDIM, arrays)).count(1) != n and not all(map(_C_CONTIGUOUS, arrays)):
+        return None  # contiguous in Fortran order only: memory order is not the flattening order
+    count = (addrs[-1] + bufs[-1].nbytes - addrs[0]) // first.itemsize
+    span = np.lib.stride_tricks.as_strided(first.reshape(-1), shape=(count,), strides=(first.itemsize,))
+    return addrs[0], span
+
+
+def _unpack(buf: NDArray, counts: list[int], outputs: list[NDArray]) -> None:
+    """Copy consecutive pieces of `buf` (`counts` elements each) into `outputs`, as C-level passes.
+
+    `out[...] = piece` is the cheapest numpy copy call; pieces are reshaped only when an output is not 1-D."""
+    ends = list(itertools.accumulate(counts))
+    pieces: Iterable[NDArray] = map(buf.__getitem__, map(slice, [0, *ends[:-1]], ends))
+    if list(map(_NDIM, outputs)).count(1) != len(outputs):
+        pieces = map(np.ndarray.reshape, pieces, map(_ARRAY_SHAPE, outputs))
+    _drain(map(np.ndarray.__setitem__, outputs, repeat(Ellipsis), pieces))

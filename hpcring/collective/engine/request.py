@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import enum
 import math
+import operator
 import threading
 import time
+from collections import deque
 from collections.abc import Sequence
+from itertools import repeat
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -137,23 +140,50 @@ def complete(
     handles: Sequence[Handle], results: Sequence[Any] | None, error: BaseException | None = None
 ) -> None:
     """Finish many handles with one pass: results (or the shared error) are stored, every handle is marked
-    done under one lock round, and the blocked callers are woken after that lock is released."""
+    done under one lock round, and the blocked callers are woken after that lock is released.
+
+    The per-handle stores run as C-level `map(setattr, ...)` passes drained by a zero-length deque: a fused
+    batch completes hundreds of handles, and a Python loop costs a few hundred ns per handle more.
+    """
+    if len(handles) == 1:
+        _complete_one(handles[0], results, error)
+        return
     if error is not None:
-        for h in handles:
-            h._error = error
+        _drain(map(setattr, handles, repeat("_error"), repeat(error)))
     else:
         assert results is not None
-        for h, res in zip(handles, results, strict=True):
-            h._result = res
-    gates: list[threading.Lock] = []
+        if len(results) != len(handles):
+            raise ValueError(f"{len(results)} results for {len(handles)} handles")
+        _drain(map(setattr, handles, repeat("_result"), results))
     with _registry:
-        for h in handles:
-            h._done = True
-            if h._gates is not None:
-                gates.extend(h._gates)
-                h._gates = None
-    for gate in gates:
-        gate.release()
+        _drain(map(setattr, handles, repeat("_done"), repeat(True)))
+        waiting = list(filter(None, map(_GATES, handles)))  # usually one list: the caller waits on one handle
+        if waiting:
+            _drain(map(setattr, handles, repeat("_gates"), repeat(None)))
+    for gates in waiting:
+        for gate in gates:
+            gate.release()
+
+
+def _complete_one(h: Handle, results: Sequence[Any] | None, error: BaseException | None) -> None:
+    """`complete` for a single handle (the latency path), without the C-level passes' setup."""
+    if error is not None:
+        h._error = error
+    else:
+        assert results is not None
+        if len(results) != 1:
+            raise ValueError(f"{len(results)} results for 1 handles")
+        h._result = results[0]
+    with _registry:
+        h._done = True
+        gates, h._gates = h._gates, None
+    if gates:
+        for gate in gates:
+            gate.release()
+
+
+_GATES = operator.attrgetter("_gates")
+_drain = deque[Any](maxlen=0).extend  # consumes an iterator in C, keeping nothing
 
 
 class Request:

@@ -81,23 +81,32 @@ class Timeline:
         return pid
 
     def begin(
-        self, tensor: str, phase: str, *, when: float | None = None, args: dict[str, Any] | None = None
+        self,
+        tensor: str,
+        phase: str,
+        *,
+        when: float | None = None,
+        args: dict[str, Any] | None = None,
+        tid: int = 0,
     ) -> None:
+        """Open span `phase` on `tensor`'s row; `tid` > 0 puts it on a track of its own (stages that
+        overlap in time, which one track could not nest)."""
         with self._lock:
             event: dict[str, Any] = {
                 "name": phase,
                 "ph": "B",
                 "ts": self._ts(when),
                 "pid": self._pid(tensor),
-                "tid": 0,
+                "tid": tid,
             }
             if args:
                 event["args"] = args
             self._write(event)
 
-    def end(self, tensor: str, phase: str, *, when: float | None = None) -> None:
+    def end(self, tensor: str, phase: str, *, when: float | None = None, tid: int = 0) -> None:
         with self._lock:
-            self._write({"name": phase, "ph": "E", "ts": self._ts(when), "pid": self._pid(tensor), "tid": 0})
+            event = {"name": phase, "ph": "E", "ts": self._ts(when), "pid": self._pid(tensor), "tid": tid}
+            self._write(event)
 
     def instant(self, tensor: str, label: str, *, args: dict[str, Any] | None = None) -> None:
         with self._lock:

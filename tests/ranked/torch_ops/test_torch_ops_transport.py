@@ -31,6 +31,7 @@ def transport() -> Iterator[TorchTransport]:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     t = TorchTransport(comm, BACKEND)
     yield t
+    t.close()  # a process group left to interpreter exit can abort the process
     comm.Free()
 
 
@@ -99,6 +100,21 @@ def test_allgatherv_reduce_scatter_alltoallv(transport: TorchTransport) -> None:
     assert host(recv).tolist() == [100.0 * q + r for q in range(n) for _ in range(r + 1)]
     assert transport.allgather_object(r) == list(range(n))
     transport.barrier()
+
+
+def test_equal_part_collectives(transport: TorchTransport) -> None:
+    """reduce_scatter_equal / allgather_equal: the single-call stages of the device hierarchical allreduce."""
+    n, r = transport.size, transport.rank
+    src = dev(np.arange(3 * n, dtype=np.float32) + r)
+    part = dev(np.zeros(3, np.float32))
+    transport.reduce_scatter_equal(src, part, ReduceOp.MAX)
+    assert host(part).tolist() == [float(3 * r + k + n - 1) for k in range(3)]
+    out = dev(np.zeros(3 * n, np.float32))
+    transport.allgather_equal(part, out)
+    assert host(out).tolist() == [float(3 * q + k + n - 1) for q in range(n) for k in range(3)]
+    equal = dev(np.zeros(2 * n, np.float64))
+    transport.allgatherv(equal, [2] * n, sendbuf=dev(np.full(2, float(r))))
+    assert host(equal).tolist() == [float(q) for q in range(n) for _ in range(2)]
 
 
 def test_the_ring_algorithm_runs_over_it(transport: TorchTransport) -> None:
