@@ -60,8 +60,17 @@ def bfloat16() -> np.dtype[Any]:
     return dtype
 
 
-def _tensor_view(t: Any, what: str) -> tuple[NDArray, bool]:
+def numpy_view(t: Any) -> NDArray:
+    """numpy view of a contiguous CPU tensor's memory, no copy (bfloat16 as ml_dtypes' bfloat16)."""
     torch = sys.modules["torch"]
+    if t.dtype == torch.bfloat16:
+        arr: NDArray = t.view(torch.int16).numpy().view(bfloat16())
+        return arr
+    view: NDArray = t.numpy()
+    return view
+
+
+def _tensor_view(t: Any, what: str) -> tuple[NDArray, bool]:
     if t.device.type != "cpu":
         raise ConfigError(
             f"{what}: tensor is on {t.device}; hpcring.collective takes CPU tensors only (GPU tensors "
@@ -71,10 +80,8 @@ def _tensor_view(t: Any, what: str) -> tuple[NDArray, bool]:
     copied = not t.is_contiguous()
     if copied:
         t = t.contiguous()
-    if t.dtype == torch.bfloat16:
-        return t.view(torch.int16).numpy().view(bfloat16()), copied
     try:
-        return t.numpy(), copied
+        return numpy_view(t), copied
     except TypeError as exc:  # complex32, quantized, ... numpy cannot hold them
         raise ConfigError(f"{what}: unsupported tensor dtype {t.dtype}") from exc
 

@@ -24,6 +24,7 @@ import numpy as np
 
 from hpcring import _deps
 from hpcring.collective import dtypes
+from hpcring.collective.arrays import numpy_view, to_kind
 from hpcring.collective.engine import Handle, OpType, ProcessSet, Request, Signature, global_process_set
 from hpcring.collective.engine import device as device_plane
 from hpcring.collective.engine.request import signature_shape
@@ -189,11 +190,7 @@ def _view(t: Any) -> _View:
     engine = basics._engine
     if route == "cpu" and engine is not None and engine.settings.cpu_device_plane == "gloo":
         return _View(c, None, device_plane.CPU_GLOO)
-    if c.dtype == torch.bfloat16:
-        from hpcring.collective.arrays import bfloat16
-
-        return _View(c, c.view(torch.int16).numpy().view(bfloat16()), route)
-    return _View(c, c.numpy(), route)
+    return _View(c, numpy_view(c), route)
 
 
 # device type -> "cuda" (the device plane) or "<type>+host" (staged through host memory, reduced on the host
@@ -257,10 +254,7 @@ def _tensor_of(arr: Any, like: Any) -> Any:
     """The engine's result as a tensor on `like`'s device (device routes return tensors already)."""
     if isinstance(arr, torch.Tensor):
         return _for_caller(arr)
-    if arr.dtype.name == "bfloat16":
-        out = torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
-    else:
-        out = torch.from_numpy(arr)
+    out = to_kind(arr, torch_like=True)
     return out if like.device.type == "cpu" else out.to(like.device)
 
 

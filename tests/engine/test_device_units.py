@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from hpcring.collective import dtypes
+from hpcring.collective.arrays import numpy_view
 from hpcring.collective.engine import phases
 from hpcring.collective.engine.timeline import Timeline
 from hpcring.config import engine_settings
@@ -50,19 +51,19 @@ def test_scaling_matches_the_host_path(name: str, factor: float) -> None:
         raw = np.abs(raw) if name == "uint8" else raw
         raw = np.clip(raw, -100, 100)
     t = torch.tensor(raw).to(getattr(torch, name))
-    host = device.host_view(t.clone()).copy()
+    host = numpy_view(t.clone()).copy()
     dtypes.scale(host, factor)
     device.scale_(t, factor)
-    assert np.array_equal(device.host_view(t).astype(np.float64), host.astype(np.float64)), (name, factor)
+    assert np.array_equal(numpy_view(t).astype(np.float64), host.astype(np.float64)), (name, factor)
 
 
 @pytest.mark.parametrize("name", ["float32", "float16", "int32", "int64"])
 def test_average_matches_the_host_path(name: str) -> None:
     t = torch.arange(-20, 21).to(getattr(torch, name))
-    host = device.host_view(t.clone()).copy()
+    host = numpy_view(t.clone()).copy()
     dtypes.average(host, 3)
     device.average_(t, 3)
-    assert np.array_equal(device.host_view(t), host)
+    assert np.array_equal(numpy_view(t), host)
 
 
 def test_neutral_values() -> None:

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from hpcring import _deps
+from hpcring.collective.arrays import to_kind
 from hpcring.collective.ops import ReduceOp
 from hpcring.errors import BackendUnavailable, ConfigError
 
@@ -62,10 +63,7 @@ def _tensor(buf: Any) -> Any:
     torch = _deps.torch()
     if isinstance(buf, torch.Tensor):
         return buf
-    arr = np.ascontiguousarray(buf)
-    if arr.dtype.name == "bfloat16":
-        return torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
-    return torch.from_numpy(arr)
+    return to_kind(np.ascontiguousarray(buf), torch_like=True)
 
 
 def _reduce_op(op: ReduceOp) -> Any:

@@ -45,9 +45,11 @@ import numpy as np
 
 from hpcring import _deps
 from hpcring.collective.algorithms.chunks import part_sizes
+from hpcring.collective.arrays import numpy_view
 from hpcring.collective.backends.nccl import TorchTransport
 from hpcring.collective.engine import phases
 from hpcring.collective.engine.request import OpType
+from hpcring.collective.engine.timeline import NULL_SPAN
 from hpcring.collective.ops import ReduceOp
 from hpcring.collective.selection import HIERARCHICAL_MIN_BYTES
 from hpcring.config import EngineSettings
@@ -157,30 +159,7 @@ def average_(buf: Any, n: int) -> None:
         buf.copy_(buf.double().div_(n).trunc_())
 
 
-def host_view(t: Any) -> np.ndarray[Any, Any]:
-    """numpy view of a CPU tensor's memory (bfloat16 as ml_dtypes' bfloat16)."""
-    torch = _deps.torch()
-    if t.dtype == torch.bfloat16:
-        from hpcring.collective.arrays import bfloat16
-
-        arr: np.ndarray[Any, Any] = t.view(torch.int16).numpy().view(bfloat16())
-        return arr
-    view: np.ndarray[Any, Any] = t.numpy()
-    return view
-
-
 # ---------------------------------------------------------------------- timeline spans
-
-
-class _NullSpan:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-
-_NULL = _NullSpan()
 
 
 # ------------------------------------------------------------ the hierarchical allreduce on a device
@@ -287,7 +266,7 @@ class SetPlane:
         """A timeline span over the batch's tensors; when recording on CUDA it closes only once the GPU
         work queued inside it is done (so spans show device time)."""
         if timeline is None:
-            return _NULL
+            return NULL_SPAN
         phases.set_current(timeline, names)
         return self._timed(timeline, names, phase)
 
@@ -401,7 +380,7 @@ class SetPlane:
         if shard.device.type != "cpu":
             host = self.buffer("staging", shard.dtype, shard.numel(), pinned_host=True)
             host.copy_(shard)  # synchronous: the stream has produced the shard when it returns
-        flat_allreduce(self.topo.transport("cross"), host_view(host), op)
+        flat_allreduce(self.topo.transport("cross"), numpy_view(host), op)
         if host is not shard:
             # From pinned memory, queued on the stream: the next staging copy into `host` is ordered after
             # it, and the batch ends with a stream synchronisation.

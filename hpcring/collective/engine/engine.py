@@ -47,7 +47,7 @@ from hpcring.collective.engine.cache import ResponseCache
 from hpcring.collective.engine.device import ROUTES as DEVICE_ROUTES
 from hpcring.collective.engine.device import DevicePlane
 from hpcring.collective.engine.request import CACHEABLE, Handle, OpType, Request, Signature, complete
-from hpcring.collective.engine.timeline import Timeline
+from hpcring.collective.engine.timeline import NULL_SPAN, Timeline
 from hpcring.collective.engine.validation import check_agreement
 from hpcring.collective.ops import ReduceOp
 from hpcring.collective.selection import chunk_bytes
@@ -999,7 +999,7 @@ class Engine:
     @staticmethod
     def _span(timeline: Timeline | None, names: list[str], phase: str) -> Any:
         if timeline is None:
-            return _NULL_SPAN
+            return NULL_SPAN
         phases.set_current(timeline, names)
         return timeline.span(names, phase)
 
@@ -1015,17 +1015,6 @@ class Engine:
         for req in pending:
             if not req.handle.done():
                 req.handle.set_error(CollectiveError(f"{req.sig.op_type.value} {req.sig.name!r}: {message}"))
-
-
-class _NullSpan:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-
-_NULL_SPAN = _NullSpan()
 
 
 def _duplicate(name: str) -> ValueError:
