@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from hpcring.errors import ConfigError, choices
 
-ALGORITHMS = ("auto", "native", "ring", "hierarchical")
+ALGORITHMS = ("auto", "native", "ring", "hierarchical", "shm")  # allreduce algorithms (collective.selection)
 CPU_DEVICE_PLANES = ("off", "gloo")  # HPCRING_CPU_DEVICE_PLANE: CPU torch tensors through the device plane?
 DEVICE_CROSS = ("mpi", "nccl")  # HPCRING_DEVICE_CROSS: what carries the device plane's cross-node stage
 LOG_LEVELS = ("trace", "debug", "info", "warning", "error", "fatal")

@@ -32,8 +32,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     ar.add_argument(
         "-a",
         "--algorithms",
-        default=_env("ALGORITHMS", "native,ring,hierarchical"),
-        help="hpcring algorithms, comma-separated (auto, native, ring, hierarchical)",
+        default=_env("ALGORITHMS", "native,ring,hierarchical,shm"),
+        help="hpcring algorithms, comma-separated (auto, native, ring, hierarchical, shm; shm runs only "
+        "where every rank is on one node)",
     )
     ar.add_argument("-n", "--iters", type=int, default=int(_env("ITERS", "20")), help="timed iterations")
     ar.add_argument(

@@ -12,11 +12,11 @@ import shlex
 import sys
 from collections.abc import Callable
 
+from hpcring.config import ALGORITHMS
 from hpcring.errors import ConfigError, choices
 from hpcring.launch.command import LaunchSpec, build
 from hpcring.launch.hosts import parse_host_list, parse_hostfile
 
-ALGORITHMS = ("auto", "native", "ring", "hierarchical")
 LOG_LEVELS = ("trace", "debug", "info", "warning", "error", "fatal")
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,12 +20,13 @@ from hpcring.collective.algorithms.chunks import offsets, part_sizes
 from hpcring.collective.algorithms.hierarchical import hierarchical_allreduce
 from hpcring.collective.algorithms.native import native_allreduce
 from hpcring.collective.algorithms.ring import DEFAULT_CHUNK_BYTES, ring_allreduce, ring_reduce_scatter
+from hpcring.collective.algorithms.shm import shm_allreduce
 from hpcring.collective.arrays import Buffer, as_buffer, is_tensor, to_kind
 from hpcring.collective.ops import ReduceOp, parse_op
 from hpcring.collective.selection import choose_algorithm, chunk_bytes, resolve_algorithm
 from hpcring.collective.topology import Topology
 from hpcring.collective.validate import Signature, prepare
-from hpcring.errors import ConfigError
+from hpcring.errors import ConfigError, choices
 
 NDArray = np.ndarray[Any, Any]
 
@@ -61,8 +63,8 @@ def run_allreduce(
     t = topo.transport()
     exact = _exact(t, src.dtype, op)
     if algorithm == "auto":
-        algorithm = choose_algorithm(
-            src.nbytes, native_exact=exact, local_size=topo.local_size, cross_size=topo.cross_size
+        algorithm = choose_algorithm(  # the layout as every rank sees it (unequal nodes: the largest)
+            src.nbytes, native_exact=exact, local_size=max(topo.node_sizes), cross_size=len(topo.node_sizes)
         )
     if algorithm == "native":
         if not exact or not src.size:
@@ -72,6 +74,10 @@ def run_allreduce(
         else:
             t.allreduce(dst, op, sendbuf=src)
         return algorithm
+    if algorithm == "shm":
+        if shared_memory_allreduce(topo, src, dst, op):
+            return algorithm
+        algorithm = "ring"
     if chunk is None:
         chunk = chunk_bytes(DEFAULT_CHUNK_BYTES)
     if algorithm == "ring":
@@ -79,6 +85,33 @@ def run_allreduce(
     else:
         hierarchical_allreduce(topo.node_layout(), src, dst, op, chunk)
     return algorithm
+
+
+_shm_warned: set[str] = set()
+
+
+def shared_memory_allreduce(topo: Topology, src: NDArray, dst: NDArray, op: ReduceOp) -> bool:
+    """The `shm` algorithm on flat views; False (after one warning per reason) where this group cannot share
+    memory, and the caller runs the ring instead. A ConfigError if the group spans several nodes."""
+    seg = topo.shared_segment()
+    if seg is None:
+        if topo.size == 1:
+            if dst is not src:
+                dst[...] = src
+            return True
+        allowed = choices(a for a in selection.ALGORITHMS if a != "shm")
+        raise ConfigError(
+            f"allreduce algorithm 'shm' needs every rank on one node, but this group spans "
+            f"{len(topo.node_sizes)} nodes; allowed here: {allowed}"
+        )
+    if shm_allreduce(seg, src, dst, op):
+        return True
+    why = seg.unavailable or "unknown"
+    if why not in _shm_warned:
+        _shm_warned.add(why)
+        message = f"hpcring: shared-memory allreduce unavailable ({why}); using the ring"
+        warnings.warn(message, RuntimeWarning, 2)
+    return False
 
 
 # Transport.can_reduce answers by transport kind, dtype and op; asked on every allreduce, so remembered.

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import os
 
+from hpcring.config import ALGORITHMS as ALGORITHMS  # re-exported: the names `algorithm=` takes
 from hpcring.errors import ConfigError, choices
 
-ALGORITHMS: tuple[str, ...] = ("auto", "native", "ring", "hierarchical")
 ALGORITHM_ENV = "HPCRING_ALLREDUCE_ALGORITHM"
 CHUNK_ENV = "HPCRING_RING_CHUNK_BYTES"
 SEGMENT_ENV = "HPCRING_HIER_SEGMENT_BYTES"
@@ -19,6 +19,8 @@ SEGMENT_ENV = "HPCRING_HIER_SEGMENT_BYTES"
 # Thresholds of the auto rule (see docs/collectives.md, "How auto chooses").
 RING_MIN_BYTES = 1 << 20  # from here on our pipelined ring beats MPI's allreduce on one node
 HALF_RING_MIN_BYTES = 64 << 10  # float16/bfloat16 from here on: our ring (native widens to float32)
+SHM_MIN_BYTES = 1 << 20  # one node with SHM_MIN_RANKS ranks or more, at least this big: shared memory
+SHM_MIN_RANKS = 4  # with 2 ranks the ring (single-copy transfers) measured faster for contiguous buffers
 HIERARCHICAL_MIN_BYTES = 1 << 20  # several nodes with several ranks each, at least this big: hierarchical
 # reducescatter: MPI_Reduce_scatter below this size (fewer latency steps), our ring from it on (Open MPI's
 # reduce-scatter measured 2-5x slower than the ring at 64 MiB).
@@ -46,12 +48,19 @@ def choose_algorithm(nbytes: int, *, native_exact: bool, local_size: int, cross_
       float32, which is cheap while the message is small;
     - several nodes, each with several ranks, from HIERARCHICAL_MIN_BYTES: hierarchical, so only
       1/local_size of the buffer crosses the network per rank;
+    - every rank on one node, at least SHM_MIN_RANKS of them, from SHM_MIN_BYTES (HALF_RING_MIN_BYTES for
+      16-bit floats): shm, one copy in and one out through a shared-memory segment, which measured faster
+      than the ring (2(n-1) dependent steps) and both MPIs' allreduce there; with 2 ranks the ring measured
+      faster (the caller falls back to the ring where the ranks cannot share memory);
     - otherwise from RING_MIN_BYTES (HALF_RING_MIN_BYTES for 16-bit floats): our pipelined ring, which moves
       the minimum 2(n-1)/n of the buffer, reduces 16-bit floats in their own dtype and measured faster than
-      both MPIs' allreduce for large messages on one node.
+      both MPIs' allreduce for large messages.
     """
     if cross_size > 1 and local_size > 1 and nbytes >= HIERARCHICAL_MIN_BYTES:
         return "hierarchical"
+    one_node = cross_size == 1 and local_size >= SHM_MIN_RANKS
+    if one_node and nbytes >= (SHM_MIN_BYTES if native_exact else HALF_RING_MIN_BYTES):
+        return "shm"
     if nbytes >= (RING_MIN_BYTES if native_exact else HALF_RING_MIN_BYTES):
         return "ring"
     return "native"

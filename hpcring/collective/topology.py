@@ -17,6 +17,7 @@ from typing import Any
 from hpcring._deps import mpi
 from hpcring.collective.algorithms.chunks import owned_shards
 from hpcring.collective.algorithms.hierarchical import NodeLayout
+from hpcring.collective.algorithms.shm import SharedSegment
 from hpcring.collective.backends import Transport, make_transport
 from hpcring.errors import ConfigError
 
@@ -82,6 +83,7 @@ class Topology:
         self._shard_comms = self._make_shard_comms()
         self._transports: dict[str, Transport] = {}
         self._layout: NodeLayout | None = None
+        self._segment: SharedSegment | None = None
         self._freed = False
 
     def _make_shard_comms(self) -> dict[int, Any]:
@@ -148,6 +150,15 @@ class Topology:
             self._layout = NodeLayout(self.transport("local"), max(self.node_sizes), groups)
         return self._layout
 
+    def shared_segment(self) -> SharedSegment | None:
+        """The group's shared-memory segment for the `shm` allreduce; None unless every rank is on one node.
+        Created empty here (no communication); it is sized, collectively, by its first use."""
+        if len(self.node_sizes) > 1 or self.size < 2:  # not cross_size: on unequal nodes it differs by rank
+            return None
+        if self._segment is None:
+            self._segment = SharedSegment(self.comm)
+        return self._segment
+
     def describe(self) -> dict[str, Any]:
         """Plain summary (for doctor, bench headers and error messages)."""
         return {
@@ -168,6 +179,9 @@ class Topology:
         if self._freed:
             return
         self._freed = True
+        if self._segment is not None:
+            self._segment.close()
+            self._segment = None
         for shard_comm in self._shard_comms.values():
             if shard_comm is not self.cross_comm:
                 shard_comm.Free()

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from hpcring.collective.engine import OpType, Signature, phases
 from hpcring.collective.engine.cache import ResponseCache
 from hpcring.collective.engine.engine import (
+    Engine,
     Response,
     _adjacent_span,
     _pack_bits,
@@ -84,7 +85,7 @@ def test_fusion_threshold_sizes(text: str, value: int) -> None:
         ("HPCRING_CYCLE_TIME", "-1", "expected a number >= 0"),
         ("HOROVOD_CACHE_CAPACITY", "1.5", "not an integer"),
         ("HPCRING_STALL_CHECK_DISABLE", "maybe", "not a boolean"),
-        ("HPCRING_ALLREDUCE_ALGORITHM", "tree", "'auto', 'native', 'ring' or 'hierarchical'"),
+        ("HPCRING_ALLREDUCE_ALGORITHM", "tree", "'auto', 'native', 'ring', 'hierarchical' or 'shm'"),
         ("HPCRING_LOG_LEVEL", "loud", "'warning'"),
         ("HPCRING_STALL_CHECK_TIME_SECONDS", "nan", "out of range"),
     ],
@@ -420,3 +421,17 @@ def test_timeline_reopened_in_the_same_process_continues_the_file(tmp_path: Path
     spans = [(e["name"], e["ph"]) for e in events if e["ph"] in "BE"]
     assert spans == [("ALLREDUCE", "B"), ("ALLREDUCE", "E"), ("ALLGATHER", "B"), ("ALLGATHER", "E")]
     assert sum(1 for e in events if e["name"] == "trace_end") == 1
+
+
+def test_a_fused_batch_on_one_rank_is_its_input_copied_and_scaled() -> None:
+    """A set of one rank: each output gets its input (reshaped to the output), in place is left alone, then
+    the postscale; AVERAGE divides by one."""
+    a = np.arange(6, dtype=np.float32)
+    b = np.arange(4, dtype=np.int64).reshape(2, 2)
+    out_a = np.empty((2, 3), np.float32)
+    s = sig("x", (6,), reduce_op="average", postscale=3.0)
+    got = Engine._allreduce_alone([a, b], [out_a, b], s)
+    assert got[0] is out_a and got[1] is b
+    np.testing.assert_array_equal(out_a, 3.0 * a.reshape(2, 3))
+    np.testing.assert_array_equal(b, 3 * np.arange(4).reshape(2, 2))
+    np.testing.assert_array_equal(a, np.arange(6))

@@ -284,7 +284,10 @@ def run_cli(
             ["-np", "2", "--emulate-nodes", "3", "--", "true"],
             "--emulate-nodes 3 must be between 1 and -np (2)",
         ),
-        (["-np", "2", "--allreduce-algorithm", "tree", "--", "true"], "allowed: 'auto', 'native', 'ring' or"),
+        (
+            ["-np", "2", "--allreduce-algorithm", "tree", "--", "true"],
+            "allowed: 'auto', 'native', 'ring', 'hierarchical' or 'shm'",
+        ),
         (["-np", "2", "-H", "a:2", "--hostfile", "f", "--", "true"], "not both"),
         (["-np", "2", "--rsh-agent", "/nonexistent", "--", "true"], "is not an executable file"),
     ],

@@ -20,7 +20,8 @@ def test_resolve_keyword_env_and_default(monkeypatch: pytest.MonkeyPatch) -> Non
 
 def test_unknown_algorithm_names_source_and_choices(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(
-        ConfigError, match="'tree' \\(from algorithm\\); allowed: 'auto', 'native', 'ring' or"
+        ConfigError,
+        match="'tree' \\(from algorithm\\); allowed: 'auto', 'native', 'ring', 'hierarchical' or 'shm'",
     ):
         resolve_algorithm("tree")
     monkeypatch.setenv(selection.ALGORITHM_ENV, "tree")
@@ -29,19 +30,26 @@ def test_unknown_algorithm_names_source_and_choices(monkeypatch: pytest.MonkeyPa
 
 
 def test_auto_rule_one_node() -> None:
-    ring = selection.RING_MIN_BYTES
-    for nbytes in (8, 64 << 10, ring - 4):
-        assert choose_algorithm(nbytes, native_exact=True, local_size=4, cross_size=1) == "native"
-    for nbytes in (ring, 64 << 20):
-        assert choose_algorithm(nbytes, native_exact=True, local_size=4, cross_size=1) == "ring"
+    """Two or three ranks: native, then the ring. From SHM_MIN_RANKS ranks: native, then shared memory."""
+    ring, shm = selection.RING_MIN_BYTES, selection.SHM_MIN_BYTES
+    for local in (2, 3):
+        for nbytes in (8, 64 << 10, ring - 4):
+            assert choose_algorithm(nbytes, native_exact=True, local_size=local, cross_size=1) == "native"
+        for nbytes in (ring, 64 << 20):
+            assert choose_algorithm(nbytes, native_exact=True, local_size=local, cross_size=1) == "ring"
+    for local in (selection.SHM_MIN_RANKS, 8):
+        assert choose_algorithm(shm - 4, native_exact=True, local_size=local, cross_size=1) == "native"
+        for nbytes in (shm, 64 << 20):
+            assert choose_algorithm(nbytes, native_exact=True, local_size=local, cross_size=1) == "shm"
 
 
-def test_auto_rule_half_precision_switches_to_ring_earlier() -> None:
+def test_auto_rule_half_precision_switches_earlier() -> None:
     half = selection.HALF_RING_MIN_BYTES
     assert half < selection.RING_MIN_BYTES
-    assert choose_algorithm(half - 2, native_exact=False, local_size=4, cross_size=1) == "native"
-    assert choose_algorithm(half, native_exact=False, local_size=4, cross_size=1) == "ring"
-    assert choose_algorithm(half, native_exact=True, local_size=4, cross_size=1) == "native"
+    for local, big in ((2, "ring"), (4, "shm")):
+        assert choose_algorithm(half - 2, native_exact=False, local_size=local, cross_size=1) == "native"
+        assert choose_algorithm(half, native_exact=False, local_size=local, cross_size=1) == big
+        assert choose_algorithm(half, native_exact=True, local_size=local, cross_size=1) == "native"
 
 
 def test_auto_rule_several_nodes() -> None:
@@ -51,6 +59,8 @@ def test_auto_rule_several_nodes() -> None:
     assert choose_algorithm(t - 4, native_exact=True, local_size=2, cross_size=2) == "native"
     # one rank per node: no node-local stage to exploit, the flat ring moves the least
     assert choose_algorithm(t, native_exact=True, local_size=1, cross_size=4) == "ring"
+    # shared memory only where every rank is on one node
+    assert choose_algorithm(64 << 20, native_exact=True, local_size=8, cross_size=2) == "hierarchical"
 
 
 def test_chunk_bytes_env(monkeypatch: pytest.MonkeyPatch) -> None:

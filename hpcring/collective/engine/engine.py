@@ -42,6 +42,7 @@ import numpy as np
 
 from hpcring.collective import api, dtypes
 from hpcring.collective.algorithms.ring import DEFAULT_CHUNK_BYTES
+from hpcring.collective.algorithms.shm import shm_round, slot_limit
 from hpcring.collective.engine import phases
 from hpcring.collective.engine.cache import ResponseCache
 from hpcring.collective.engine.device import ROUTES as DEVICE_ROUTES
@@ -50,6 +51,7 @@ from hpcring.collective.engine.request import CACHEABLE, Handle, OpType, Request
 from hpcring.collective.engine.timeline import NULL_SPAN, Timeline
 from hpcring.collective.engine.validation import check_agreement
 from hpcring.collective.ops import ReduceOp
+from hpcring.collective.progress import wait_polled
 from hpcring.collective.selection import chunk_bytes
 from hpcring.config import EngineSettings
 from hpcring.errors import CollectiveError, ConfigError
@@ -64,10 +66,8 @@ _NO_ABORT = 4  # this rank (the set's rank 0) does not ask to abort on a stall
 _ALL_FLAGS = _NO_NEW | _NO_SHUTDOWN | _NO_ABORT
 _IDLE_WAIT_S = 0.02
 _STALL_CHECK_EVERY_S = 1.0
-_SPIN_S = 200e-6
-_MIN_BACKOFF_S = 50e-6
-_MAX_BACKOFF_S = 500e-6
 _REDUCE_OPS = {op.value: op for op in ReduceOp}  # by agreed name; Enum's by-value lookup is slow
+SHM_FUSED_MIN_BYTES = 64 << 10  # smaller fused batches: MPI's latency beats two node barriers
 _FEW_BITS = 16  # below this many bits, Python ints pack faster than numpy
 
 
@@ -207,6 +207,7 @@ class Engine:
             "fused": 0,
             "no_pack": 0,  # fused batches reduced straight from the callers' adjacent inputs
             "no_unpack": 0,  # fused batches reduced straight into the callers' adjacent outputs
+            "shm": 0,  # fused batches reduced through the node's shared-memory segment
         }
         self._configure_logging()
         root = world.subset(range(world.size))  # the engine's own communicators, never the caller's
@@ -441,24 +442,14 @@ class Engine:
 
         The bit sets travel as Python ints serialised little-endian: a few byte conversions instead of a loop
         over words (and a bitwise AND does not care about byte order). The allreduce is non-blocking and
-        polled: a blocking MPI call busy-polls, and when ranks outnumber cores (or another rank is still
-        computing) that spin steals the CPU the other ranks need. So: spin on Test() for _SPIN_S (peers that
-        are already there answer in microseconds), then sleep with exponential backoff up to _MAX_BACKOFF_S
-        between tests. A set of one rank agrees with itself: no vector at all."""
+        polled (`progress.wait_polled`): a blocking MPI call busy-polls, and when ranks outnumber cores that
+        spin steals the CPU the other ranks need. A set of one rank agrees with itself: no vector at all."""
         if st.size == 1:
             return flags, hit, absent
         nbytes = 8 * st.cache.words
         raw = flags.to_bytes(8, "little") + hit.to_bytes(nbytes, "little") + absent.to_bytes(nbytes, "little")
         vec = np.frombuffer(bytearray(raw), dtype=np.uint64)
-        req = st.comm.Iallreduce(self._mpi.IN_PLACE, vec, op=self._mpi.BAND)
-        deadline = time.monotonic() + _SPIN_S
-        while not req.Test():
-            if time.monotonic() >= deadline:
-                pause = _MIN_BACKOFF_S
-                while not req.Test():
-                    time.sleep(pause)
-                    pause = min(pause * 2, _MAX_BACKOFF_S)
-                break
+        wait_polled(st.comm.Iallreduce(self._mpi.IN_PLACE, vec, op=self._mpi.BAND))
         raw = vec.tobytes()
         return (
             int.from_bytes(raw[:8], "little"),
@@ -879,6 +870,10 @@ class Engine:
             with self._span(timeline, names, "COLLECTIVE"):
                 self._reduce(st, src, dst, sig)
             return outputs
+        if st.size == 1 and sig.prescale == 1.0:
+            return self._allreduce_alone(tensors, outputs, sig)
+        if self._shared_memory_batch(st, tensors, outputs, counts, dtype, sig, timeline, names):
+            return outputs
         buf = st.fusion_view(dtype, sum(counts))
         if src is None:
             with self._span(timeline, names, "MEMCPY_IN_FUSION_BUFFER"):
@@ -889,6 +884,64 @@ class Engine:
             with self._span(timeline, names, "MEMCPY_OUT_FUSION_BUFFER"):
                 _unpack(buf, counts, outputs)
         return outputs
+
+    @staticmethod
+    def _allreduce_alone(tensors: list[NDArray], outputs: list[NDArray], sig: Signature) -> list[Any]:
+        """A fused batch in a set of one rank: the reduction is the input itself, so each output gets one copy
+        of its input (none in place) instead of a trip through the fusion buffer, then the scale factor."""
+        for t, out in zip(tensors, outputs, strict=True):
+            if out is not t:
+                out[...] = t.reshape(out.shape)
+        if sig.postscale != 1.0:  # AVERAGE over one rank divides by one
+            for out in outputs:
+                dtypes.scale(out, sig.postscale)
+        return outputs
+
+    def _shared_memory_batch(
+        self,
+        st: _SetState,
+        tensors: list[NDArray],
+        outputs: list[NDArray],
+        counts: list[int],
+        dtype: np.dtype[Any],
+        sig: Signature,
+        timeline: Timeline | None,
+        names: list[str],
+    ) -> bool:
+        """Reduce a fused batch of separate tensors through the node's shared-memory segment (`shm`): packed
+        straight into this rank's slot, unpacked straight from the reduced result, so the data is copied
+        twice instead of four times (into and out of the fusion buffer, and MPI's own copies). For sets on
+        one node, with the algorithm left to `auto` (or set to `shm`), batches from SHM_FUSED_MIN_BYTES up to
+        one slot. False, with nothing done, where it does not apply: the caller packs and runs the ring."""
+        algorithm = self.settings.allreduce_algorithm
+        total = sum(counts)
+        nbytes = total * dtype.itemsize
+        if (
+            algorithm not in ("auto", "shm")
+            or (algorithm == "auto" and nbytes < SHM_FUSED_MIN_BYTES)
+            or sig.prescale != 1.0
+            or nbytes > slot_limit()
+        ):
+            return False
+        seg = st.topology.shared_segment()
+        if seg is None or not seg.ensure(nbytes):
+            return False
+        op = _REDUCE_OPS[sig.reduce_op]
+        post = sig.postscale / st.size if op is ReduceOp.AVERAGE else sig.postscale
+
+        def fill(slot: NDArray) -> None:
+            with self._span(timeline, names, "MEMCPY_IN_FUSION_BUFFER"):
+                np.concatenate(tensors, axis=None, out=slot)
+
+        def drain(result: NDArray) -> None:
+            with self._span(timeline, names, "MEMCPY_OUT_FUSION_BUFFER"):
+                _unpack(result, counts, outputs)
+
+        finish = None if post == 1.0 else functools.partial(dtypes.scale, factor=post)
+        with self._span(timeline, names, "COLLECTIVE"):
+            shm_round(seg, total, dtype, op, fill, drain, finish)
+        self.stats["shm"] += 1
+        return True
 
     def _zero_copy_views(
         self, tensors: list[NDArray], outputs: list[NDArray], dtype: np.dtype[Any]

@@ -17,7 +17,7 @@ NDArray = np.ndarray[Any, Any]
 
 ALL_DTYPES = ("uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64", "bool")
 NUMERIC = tuple(d for d in ALL_DTYPES if d != "bool")
-ALGORITHMS = ("auto", "native", "ring", "hierarchical")
+ALGORITHMS = ("auto", "native", "ring", "hierarchical", "shm")
 
 
 def np_dtype(name: str) -> np.dtype[Any]:

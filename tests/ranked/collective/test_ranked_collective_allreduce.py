@@ -10,6 +10,7 @@ from collective_cases import ALGORITHMS, ALL_DTYPES, NUMERIC, expected_reduce, g
 
 import hpcring
 from hpcring.collective import ReduceOp, Topology
+from hpcring.errors import ConfigError
 
 INTEGERS = ("uint8", "int8", "int16", "int32", "int64")
 TOLERANCE = {"float16": 2e-3, "bfloat16": 1e-2, "float32": 1e-6, "float64": 1e-12}
@@ -36,10 +37,22 @@ def cases(name: str) -> list[tuple[ReduceOp, int, bool]]:
     return [*out, (first, 0, False), (first, 0, True), (first, 1, False)]
 
 
+def refused_off_node(world: Topology, algorithm: str) -> bool:
+    """`shm` on a group that spans nodes: a ConfigError on every rank that says why (and nothing else to
+    test); True then."""
+    if algorithm != "shm" or len(world.node_sizes) == 1:
+        return False
+    with pytest.raises(ConfigError, match=r"'shm' needs every rank on one node.* spans 2 nodes"):
+        hpcring.allreduce(np.ones(5, np.float32), algorithm="shm")
+    return True
+
+
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 @pytest.mark.parametrize("name", ALL_DTYPES)
 def test_every_op_and_size(world: Topology, name: str, algorithm: str) -> None:
     n, r = world.size, world.rank
+    if refused_off_node(world, algorithm):
+        return
     for op, count, in_place in cases(name):
         label = f"{name} {op.name} count={count} {algorithm} {'in-place' if in_place else 'out-of-place'}"
         want = expected_reduce(n, count, name, op)
@@ -58,6 +71,8 @@ def test_every_op_and_size(world: Topology, name: str, algorithm: str) -> None:
 @pytest.mark.parametrize("name", NUMERIC)
 def test_prescale_and_postscale(world: Topology, name: str, algorithm: str) -> None:
     n, r, count = world.size, world.rank, 1031
+    if refused_off_node(world, algorithm):
+        return
     pre, post = 0.5, 3.0
     inputs = [gen(q, count, name).astype(np.float64) * pre for q in range(n)]
     if name in INTEGERS:

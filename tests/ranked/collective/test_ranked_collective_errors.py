@@ -14,7 +14,7 @@ def test_unknown_op_and_algorithm_everywhere(world: Topology) -> None:
     x = np.ones(4, dtype=np.float32)
     with pytest.raises(ConfigError, match="allowed: 'SUM', 'AVERAGE'"):
         hpcring.allreduce(x, op="median")
-    with pytest.raises(ConfigError, match="allowed: 'auto', 'native', 'ring' or 'hierarchical'"):
+    with pytest.raises(ConfigError, match="allowed: 'auto', 'native', 'ring', 'hierarchical' or 'shm'"):
         hpcring.allreduce(x, algorithm="tree")
 
 
