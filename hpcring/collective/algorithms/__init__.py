@@ -1,1 +1,2 @@
-"""Allreduce algorithms (native, ring, hierarchical): pure functions over a `Transport`, never over mpi4py."""
+"""Allreduce algorithms (native, ring, hierarchical over a `Transport`, never over mpi4py; shm over a node's
+shared-memory segment)."""
