@@ -53,8 +53,8 @@ from hpcring.collective.engine.validation import check_agreement
 from hpcring.collective.ops import ReduceOp
 from hpcring.collective.progress import wait_polled
 from hpcring.collective.selection import chunk_bytes
-from hpcring.config import EngineSettings
-from hpcring.errors import CollectiveError, ConfigError
+from hpcring.config import ALGORITHMS, EngineSettings
+from hpcring.errors import CollectiveError, ConfigError, choices
 
 NDArray = np.ndarray[Any, Any]
 log = logging.getLogger("hpcring.engine")
@@ -178,6 +178,12 @@ class Engine:
     ) -> None:
         from hpcring._deps import mpi
 
+        nodes = len(world.node_sizes)
+        if settings.allreduce_algorithm == "shm" and nodes > 1:  # said here, on every rank, not mid-training
+            raise ConfigError(
+                f"HPCRING_ALLREDUCE_ALGORITHM=shm needs every rank on one node, but this job spans {nodes} "
+                f"nodes; allowed here: {choices(a for a in ALGORITHMS if a != 'shm')}"
+            )
         self._mpi = mpi()
         self.settings = settings
         self.world_rank: int = world.rank

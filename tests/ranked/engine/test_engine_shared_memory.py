@@ -13,6 +13,7 @@ from hpcring.collective.engine import Engine, OpType, Request, Signature
 from hpcring.collective.engine.engine import SHM_FUSED_MIN_BYTES
 from hpcring.collective.topology import Topology
 from hpcring.config import EngineSettings
+from hpcring.errors import ConfigError
 
 SHAPES: list[tuple[int, ...]] = [(8199,), (61, 67), (5000,), (3, 5, 7), (1,), (2048,)]  # 76 KiB float32
 
@@ -119,3 +120,23 @@ def test_an_algorithm_set_by_the_user_is_kept(ring_engine: Engine, world: Topolo
     assert ring_engine.stats["shm"] == 0 and ring_engine.stats["fused"] >= 1
     for got, want in zip(results, _want(world.size, "float32", "sum"), strict=True):
         np.testing.assert_array_equal(got, want)
+
+
+def test_shm_set_for_a_job_across_nodes_is_refused_at_start(world: Topology) -> None:
+    """HPCRING_ALLREDUCE_ALGORITHM=shm with ranks on several nodes: a ConfigError from the engine's
+    constructor on every rank (before any communication), not an engine failure at the first fused batch.
+    On one node the setting takes every fused batch through shared memory, whatever its size."""
+    if len(world.node_sizes) == 1:
+        e = Engine(world, EngineSettings(allreduce_algorithm="shm"))
+        try:
+            small = [np.full(100, world.rank + i, np.float32) for i in range(4)]
+            got = _run(e, "shm.forced", small, [np.empty_like(t) for t in small])
+            assert e.stats["shm"] == (world.size > 1)
+            n = world.size
+            for i, res in enumerate(got):
+                assert (res == n * i + n * (n - 1) / 2).all()
+        finally:
+            e.shutdown()
+        return
+    with pytest.raises(ConfigError, match=r"=shm needs every rank on one node, but this job spans 2 nodes"):
+        Engine(world, EngineSettings(allreduce_algorithm="shm"))
