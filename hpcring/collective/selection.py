@@ -66,32 +66,27 @@ def choose_algorithm(nbytes: int, *, native_exact: bool, local_size: int, cross_
     return "native"
 
 
-def chunk_bytes(default: int) -> int:
-    """Ring pipelining chunk size: $HPCRING_RING_CHUNK_BYTES or `default` (a tuning knob for benchmarks)."""
-    raw = os.environ.get(CHUNK_ENV, "").strip()
+def env_bytes(name: str, default: int, minimum: int, allowed: str) -> int:
+    """A byte count from $`name`, `default` when unset; a ConfigError naming the variable, its value and
+    `allowed` when it is not an integer of at least `minimum`."""
+    raw = os.environ.get(name, "").strip()
     if not raw:
         return default
     try:
         value = int(raw)
     except ValueError:
-        value = 0
-    if value < 1:
-        raise ConfigError(f"{CHUNK_ENV}={raw!r} is invalid; allowed: a positive number of bytes")
+        value = minimum - 1
+    if value < minimum:
+        raise ConfigError(f"{name}={raw!r} is invalid; allowed: {allowed}")
     return value
+
+
+def chunk_bytes(default: int) -> int:
+    """Ring pipelining chunk size: $HPCRING_RING_CHUNK_BYTES or `default` (a tuning knob for benchmarks)."""
+    return env_bytes(CHUNK_ENV, default, 1, "a positive number of bytes")
 
 
 def segment_bytes(default: int) -> int:
     """Hierarchical pipeline segment size: $HPCRING_HIER_SEGMENT_BYTES or `default` (a tuning knob); 0 turns
     the pipeline off (the three stages then run one after another on the whole buffer)."""
-    raw = os.environ.get(SEGMENT_ENV, "").strip()
-    if not raw:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise ConfigError(
-            f"{SEGMENT_ENV}={raw!r} is invalid; allowed: a positive number of bytes, or 0 for no pipelining"
-        )
-    return value
+    return env_bytes(SEGMENT_ENV, default, 0, "a positive number of bytes, or 0 for no pipelining")

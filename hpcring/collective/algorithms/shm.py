@@ -45,6 +45,7 @@ import numpy as np
 from hpcring.collective.algorithms.chunks import bounds
 from hpcring.collective.ops import ReduceOp, ufunc
 from hpcring.collective.progress import wait_yielding
+from hpcring.collective.selection import env_bytes
 
 NDArray = np.ndarray[Any, Any]
 SHM_DIR = "/dev/shm"
@@ -66,18 +67,8 @@ def shm_dir() -> str:
 
 def slot_limit() -> int:
     """Largest slot, bytes: $HPCRING_SHM_SLOT_BYTES (default 16 MiB). Bigger buffers go in rounds."""
-    raw = os.environ.get(SLOT_ENV, "").strip()
-    if not raw:
-        return DEFAULT_SLOT_BYTES
-    try:
-        value = int(raw)
-    except ValueError:
-        value = 0
-    if value < _MIN_SLOT_BYTES:
-        from hpcring.errors import ConfigError
-
-        raise ConfigError(f"{SLOT_ENV}={raw!r} is invalid; allowed: an integer of at least {_MIN_SLOT_BYTES}")
-    return value
+    allowed = f"an integer of at least {_MIN_SLOT_BYTES}"
+    return env_bytes(SLOT_ENV, DEFAULT_SLOT_BYTES, _MIN_SLOT_BYTES, allowed)
 
 
 class SharedSegment:

@@ -37,6 +37,23 @@ def cases(name: str) -> list[tuple[ReduceOp, int, bool]]:
     return [*out, (first, 0, False), (first, 0, True), (first, 1, False)]
 
 
+def reduce_and_check(
+    world: Topology, count: int, name: str, op: ReduceOp, algorithm: str, in_place: bool, label: str
+) -> None:
+    """Allreduce this rank's `gen` input with `algorithm`, in place or not, and check the result against the
+    reduction of every rank's input (and, out of place, that the input is unchanged)."""
+    want = expected_reduce(world.size, count, name, op)
+    x = gen(world.rank, count, name, op)
+    exact = op is not ReduceOp.AVERAGE
+    if in_place:
+        assert hpcring.allreduce(x, op, out=x, algorithm=algorithm) is x
+        check(x, want, name, exact, label + " in-place")
+    else:
+        before = x.copy()
+        check(hpcring.allreduce(x, op, algorithm=algorithm), want, name, exact, label + " out-of-place")
+        np.testing.assert_array_equal(x, before, err_msg=label + ": input modified")
+
+
 def refused_off_node(world: Topology, algorithm: str) -> bool:
     """`shm` on a group that spans nodes: a ConfigError on every rank that says why (and nothing else to
     test); True then."""
@@ -50,21 +67,11 @@ def refused_off_node(world: Topology, algorithm: str) -> bool:
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 @pytest.mark.parametrize("name", ALL_DTYPES)
 def test_every_op_and_size(world: Topology, name: str, algorithm: str) -> None:
-    n, r = world.size, world.rank
     if refused_off_node(world, algorithm):
         return
     for op, count, in_place in cases(name):
-        label = f"{name} {op.name} count={count} {algorithm} {'in-place' if in_place else 'out-of-place'}"
-        want = expected_reduce(n, count, name, op)
-        x = gen(r, count, name, op)
-        if in_place:
-            assert hpcring.allreduce(x, op, out=x, algorithm=algorithm) is x
-            check(x, want, name, op is not ReduceOp.AVERAGE, label)
-        else:
-            before = x.copy()
-            y = hpcring.allreduce(x, op, algorithm=algorithm)
-            check(y, want, name, op is not ReduceOp.AVERAGE, label)
-            np.testing.assert_array_equal(x, before, err_msg=label + ": input modified")
+        label = f"{name} {op.name} count={count} {algorithm}"
+        reduce_and_check(world, count, name, op, algorithm, in_place, label)
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
@@ -146,16 +153,5 @@ def test_hierarchical_pipeline_segments(world: Topology, name: str, monkeypatch:
     several nodes; one node runs the stages one after another). Every op, in place and not."""
     monkeypatch.setenv("HPCRING_HIER_SEGMENT_BYTES", "512")
     monkeypatch.setenv("HPCRING_RING_CHUNK_BYTES", "200")
-    n, r, count = world.size, world.rank, 5003
     for i, op in enumerate(ops_for(name)):
-        label = f"{name} {op.name} pipelined hierarchical"
-        want = expected_reduce(n, count, name, op)
-        x = gen(r, count, name, op)
-        if i % 2:
-            hpcring.allreduce(x, op, out=x, algorithm="hierarchical")
-            check(x, want, name, op is not ReduceOp.AVERAGE, label + " in-place")
-        else:
-            before = x.copy()
-            y = hpcring.allreduce(x, op, algorithm="hierarchical")
-            check(y, want, name, op is not ReduceOp.AVERAGE, label)
-            np.testing.assert_array_equal(x, before, err_msg=label + ": input modified")
+        reduce_and_check(world, 5003, name, op, "hierarchical", i % 2 == 1, f"{name} {op.name} pipelined")

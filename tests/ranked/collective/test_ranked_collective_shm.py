@@ -9,9 +9,9 @@ import warnings
 
 import numpy as np
 import pytest
-from collective_cases import expected_reduce, gen
+from collective_cases import gen
 from mpi4py import MPI
-from test_ranked_collective_allreduce import check, ops_for
+from test_ranked_collective_allreduce import ops_for, reduce_and_check
 
 import hpcring
 from hpcring.collective import ReduceOp, Topology
@@ -30,17 +30,9 @@ def one_node(world: Topology) -> Topology:
 def test_rounds_bigger_than_a_slot(one_node: Topology, name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A 1 MiB slot and 2-3 MiB buffers: several rounds, the last one short; every op, both ways."""
     monkeypatch.setenv(shm.SLOT_ENV, str(1 << 20))
-    n, r = one_node.size, one_node.rank
     count = (5 << 20) // (2 * np.dtype(gen(0, 1, name).dtype).itemsize) + 7
     for i, op in enumerate(ops_for(name)):
-        label = f"{name} {op.name} in rounds"
-        want = expected_reduce(n, count, name, op)
-        x = gen(r, count, name, op)
-        if i % 2:
-            hpcring.allreduce(x, op, out=x, algorithm="shm")
-            check(x, want, name, op is not ReduceOp.AVERAGE, label + " in place")
-        else:
-            check(hpcring.allreduce(x, op, algorithm="shm"), want, name, op is not ReduceOp.AVERAGE, label)
+        reduce_and_check(one_node, count, name, op, "shm", i % 2 == 1, f"{name} {op.name} in rounds")
 
 
 def test_auto_takes_shm_from_the_rule(one_node: Topology) -> None:
