@@ -40,6 +40,7 @@ class Report:
     torch: dict[str, Any] = field(default_factory=dict)
     gpus: dict[str, Any] = field(default_factory=dict)
     host: dict[str, Any] = field(default_factory=dict)
+    shared_memory: dict[str, Any] = field(default_factory=dict)
     missing: list[Missing] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -158,6 +159,31 @@ def probe_nvidia_smi(report: Report) -> None:
         )
 
 
+def probe_shared_memory(report: Report) -> None:
+    """Where the `shm` allreduce puts a node's segment, how much room is there, and the slot size: a 4-rank
+    node needs (4 + 1) slots. Missing only when the directory does not exist (the ring is used instead)."""
+    from hpcring.collective.algorithms.shm import DIR_ENV, SLOT_ENV, shm_dir, slot_limit
+
+    where = shm_dir()
+    info: dict[str, Any] = {"dir": where, "exists": os.path.isdir(where)}
+    try:
+        info["slot_bytes"] = slot_limit()
+    except HpcringError as exc:
+        info["slot_bytes"] = None
+        report.missing.append(Missing(f"a valid {SLOT_ENV}", str(exc)))
+    if info["exists"]:
+        st = os.statvfs(where)
+        info["free_bytes"] = st.f_bavail * st.f_frsize
+    else:
+        report.missing.append(
+            Missing(
+                f"shared memory directory {where} (the shm allreduce falls back to the ring)",
+                f"mount a tmpfs there, or set {DIR_ENV} to one every rank of a node shares",
+            )
+        )
+    report.shared_memory = info
+
+
 def _read(path: Path) -> str | None:
     try:
         return path.read_text().strip()
@@ -211,6 +237,7 @@ def diagnose() -> Report:
     probe_mpi4py(report)
     probe_torch(report)
     probe_nvidia_smi(report)
+    probe_shared_memory(report)
     report.host = {"hostname": platform.node(), **cpu_topology()}
     return report
 
@@ -248,6 +275,14 @@ def format_text(report: Report) -> str:
         f"host:     {h.get('hostname')}: {h.get('sockets', '?')} socket(s), {h.get('cores', '?')} core(s), "
         f"{h.get('threads', '?')} thread(s), {h.get('numa_nodes', '?')} NUMA node(s) [{h.get('source')}]"
     )
+    shm = report.shared_memory
+    if shm.get("exists"):
+        lines.append(
+            f"shm:      {shm['dir']}: {shm['free_bytes'] / 2**20:.0f} MiB free, slot "
+            f"{(shm['slot_bytes'] or 0) / 2**20:.0f} MiB per rank (a node of n ranks maps (n + 1) slots)"
+        )
+    else:
+        lines.append(f"shm:      {shm.get('dir')} does not exist (the shm allreduce uses the ring)")
     if report.missing:
         lines.append("missing:")
         lines += [f"  - {m.what}: {m.fix}" for m in report.missing]

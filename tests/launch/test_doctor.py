@@ -84,3 +84,24 @@ def test_topology_from_a_sysfs_tree(tmp_path: Path) -> None:
         "threads": 8,
         "numa_nodes": 2,
     }
+
+
+def test_shared_memory_directory_is_reported(tmp_path: Path) -> None:
+    """Where the shm allreduce's segment goes and the room there; a directory that does not exist is missing,
+    with the fix (strict mode then exits 1)."""
+    rc, out, err = doctor("--json", "--strict")
+    shm = as_json(out)["shared_memory"]
+    assert rc == 0 and shm["dir"] == "/dev/shm" and shm["exists"] and shm["free_bytes"] > 0, err
+    assert shm["slot_bytes"] == 16 << 20
+    env = {**os.environ, "HPCRING_SHM_DIR": str(tmp_path / "none"), "HPCRING_SHM_SLOT_BYTES": str(4 << 20)}
+    proc = subprocess.run(
+        ["timeout", "120", sys.executable, "-m", "hpcring", "doctor", "--strict"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 1, proc.stderr
+    assert f"shm:      {tmp_path / 'none'} does not exist (the shm allreduce uses the ring)" in proc.stdout
+    assert "set HPCRING_SHM_DIR to one every rank of a node shares" in proc.stdout
