@@ -21,10 +21,11 @@ round's first barrier (everybody has copied the result out before arriving there
 
 The segment is a file in /dev/shm (or $HPCRING_SHM_DIR) that the group's rank 0 creates with its full size
 reserved (`posix_fallocate`: a full tmpfs fails now, with ENOSPC, rather than with SIGBUS on first touch),
-that every rank maps, and that is unlinked as soon as every rank has mapped it: nothing is left behind, even
-when a rank is killed. Creation is collective and agreed: if any rank cannot map it (no such directory, too
-small, or ranks that share a host name but not a /dev/shm, as containers can), every rank gets False and the
-caller uses the ring.
+that every rank maps, and that is unlinked as soon as every rank has mapped it: from then on nothing is left
+behind, even when a rank is killed (only a crash inside the creation itself, between create and unlink, can
+leave the file). Creation is collective and agreed: if any rank cannot map it (no such directory, too small,
+or ranks that share a host name but not a /dev/shm, as containers can), every rank gets False and the caller
+uses the ring.
 
 Ordering: ranks read other ranks' plain stores only after an MPI barrier that both passed. MPI's own
 shared-memory barrier publishes with release/acquire atomics, which orders the stores made before it, the same
@@ -149,7 +150,10 @@ class SharedSegment:
         """Unmap (local; the file is already unlinked). The object can grow again afterwards."""
         self._bytes = None
         if self._map is not None:
-            self._map.close()
+            # Views still alive (say, in an exception's traceback) keep the mapping: it is unmapped when the
+            # last one is freed, instead of a BufferError here.
+            with contextlib.suppress(BufferError):
+                self._map.close()
             self._map = None
         self.slot_bytes = 0
 

@@ -106,7 +106,9 @@ def test_a_group_of_one_rank() -> None:
         )
         np.testing.assert_array_equal(out, 2 * x)
         small = seg.slot_bytes
+        kept = seg.view(0, 4, np.dtype(np.float32))  # a view still alive (as in a traceback) while it grows
         assert seg.ensure(3 * small) and seg.slot_bytes >= 3 * small
         assert seg.unavailable is None
+        np.testing.assert_array_equal(kept, x[:4])  # the old mapping lives on until its last view is freed
     finally:
         seg.close()
