@@ -37,7 +37,6 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
-import secrets
 from collections.abc import Callable
 from typing import Any
 
@@ -122,7 +121,7 @@ class SharedSegment:
         where = shm_dir()
         if not os.path.isdir(where):
             return None, f"{where} does not exist"
-        path = os.path.join(where, f"hpcring-{os.getpid()}-{secrets.token_hex(6)}")
+        path = os.path.join(where, f"hpcring-{os.getpid()}-{os.urandom(6).hex()}")
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         except OSError as exc:
