@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import heapq
 import operator
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Sequence
-from typing import Any
 
 from hpcring.collective.engine.request import Signature
+from hpcring.collective.engine.request import drain as _drain
 
 _NAME = operator.itemgetter(0)  # Signature.name
-_drain = deque[Any](maxlen=0).extend  # consumes an iterator in C, keeping nothing
 
 
 class ResponseCache:

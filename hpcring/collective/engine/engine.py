@@ -32,7 +32,6 @@ import queue
 import threading
 import time
 import weakref
-from collections import deque
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import repeat
@@ -48,6 +47,7 @@ from hpcring.collective.engine.cache import ResponseCache
 from hpcring.collective.engine.device import ROUTES as DEVICE_ROUTES
 from hpcring.collective.engine.device import DevicePlane
 from hpcring.collective.engine.request import CACHEABLE, Handle, OpType, Request, Signature, complete
+from hpcring.collective.engine.request import drain as _drain
 from hpcring.collective.engine.timeline import NULL_SPAN, Timeline
 from hpcring.collective.engine.validation import check_agreement
 from hpcring.collective.ops import ReduceOp
@@ -201,6 +201,7 @@ class Engine:
         self._cycle_no = 0
         self._timeline: Timeline | None = None
         self._chunk = chunk_bytes(DEFAULT_CHUNK_BYTES)  # ring pipelining chunk, read once
+        self._shm_slot = slot_limit()  # largest fused batch through shared memory, read once
         self._buffer = self._mpi.buffer  # an array's memory: address, size, read-only flag (zero-copy check)
         self._device: DevicePlane | None = None  # batches of device tensors (device.py), built on first use
         # Counters for tests and benchmarks (written by the engine thread only).
@@ -245,7 +246,7 @@ class Engine:
     def submit_many(self, reqs: Sequence[Request]) -> None:
         """Queue requests atomically: they reach negotiation in the same cycle, so a group (e.g. a grouped
         allreduce) becomes ready, and is fused, together. Nothing is queued if any request is refused."""
-        names = list(map(_REQ_NAME, reqs))
+        names = list(map(_SIG_NAME, reqs))
         set_ids = list(map(_REQ_SET, reqs))
         with self._lock:
             if self._closed or self._stopped.is_set():
@@ -812,7 +813,7 @@ class Engine:
         if None in reqs:  # joined: this rank has no request for those
             kept = [(q, res) for q, res in zip(reqs, results, strict=True) if q is not None]
             reqs, results = [q for q, _ in kept], [res for _, res in kept]
-        names = list(map(_REQ_NAME, reqs))
+        names = list(map(_SIG_NAME, reqs))
         inflight = st.inflight
         with self._lock:
             popped = list(map(inflight.pop, names, repeat(None)))
@@ -837,7 +838,7 @@ class Engine:
             dtypes.scale(flat_dst, sig.prescale)
             flat_src = flat_dst
         api.run_allreduce(st.topology, flat_src, flat_dst, op, self.settings.allreduce_algorithm, self._chunk)
-        post = sig.postscale / st.size if op is ReduceOp.AVERAGE else sig.postscale
+        post = _postscale(sig, op, st.size)
         if post != 1.0:
             dtypes.scale(flat_dst, post)
 
@@ -846,7 +847,7 @@ class Engine:
     ) -> list[Any]:
         sig = batch[0].sig
         dtype = numpy_dtype(sig.dtype)
-        names = list(map(_RESP_NAME, batch)) if timeline is not None else []
+        names = list(map(_SIG_NAME, batch)) if timeline is not None else []
         reqs: list[Any] = list(map(_LOCAL, batch))
         if len(batch) == 1:
             req = reqs[0]
@@ -870,16 +871,18 @@ class Engine:
         if any(map(_is_none, tensors)):
             return self._allreduce_joined(st, batch, reqs, counts, dtype, timeline, names)
         src, dst = self._zero_copy_views(tensors, outputs, dtype)
-        self.stats["no_pack"] += src is not None
-        self.stats["no_unpack"] += dst is not None
         if src is not None and dst is not None:  # adjacent views: reduced where they are
+            self.stats["no_pack"] += 1
+            self.stats["no_unpack"] += 1
             with self._span(timeline, names, "COLLECTIVE"):
                 self._reduce(st, src, dst, sig)
             return outputs
         if st.size == 1 and sig.prescale == 1.0:
             return self._allreduce_alone(tensors, outputs, sig)
         if self._shared_memory_batch(st, tensors, outputs, counts, dtype, sig, timeline, names):
-            return outputs
+            return outputs  # (an adjacent side is copied into or out of the slot like any other)
+        self.stats["no_pack"] += src is not None
+        self.stats["no_unpack"] += dst is not None
         buf = st.fusion_view(dtype, sum(counts))
         if src is None:
             with self._span(timeline, names, "MEMCPY_IN_FUSION_BUFFER"):
@@ -926,14 +929,14 @@ class Engine:
             algorithm not in ("auto", "shm")
             or (algorithm == "auto" and nbytes < SHM_FUSED_MIN_BYTES)
             or sig.prescale != 1.0
-            or nbytes > slot_limit()
+            or nbytes > self._shm_slot
         ):
             return False
         seg = st.topology.shared_segment()
         if seg is None or not seg.ensure(nbytes):
             return False
         op = _REDUCE_OPS[sig.reduce_op]
-        post = sig.postscale / st.size if op is ReduceOp.AVERAGE else sig.postscale
+        post = _postscale(sig, op, st.size)
 
         def fill(slot: NDArray) -> None:
             with self._span(timeline, names, "MEMCPY_IN_FUSION_BUFFER"):
@@ -1213,7 +1216,7 @@ def _unpack_bits(mask: int) -> list[int]:
 
 # Hot-path getters: C-level callables for map() over a cycle's requests and responses.
 _REQ_SIG = operator.attrgetter("sig")
-_REQ_NAME = operator.attrgetter("sig.name")
+_SIG_NAME = operator.attrgetter("sig.name")  # requests and responses both carry .sig
 _REQ_SET = operator.attrgetter("process_set_id")
 _TENSOR = operator.attrgetter("tensor")
 _OUTPUT = operator.attrgetter("output")
@@ -1221,7 +1224,6 @@ _HANDLE = operator.attrgetter("handle")
 _SIG, _LOCAL, _ERROR, _BIT = (
     operator.itemgetter(Response._fields.index(f)) for f in ("sig", "local", "error", "bit")
 )
-_RESP_NAME = operator.attrgetter("sig.name")
 _C_CONTIGUOUS = operator.attrgetter("flags.c_contiguous")
 _NBYTES = operator.attrgetter("nbytes")
 _ARRAY_SHAPE = operator.attrgetter("shape")
@@ -1230,7 +1232,6 @@ _ADDRESS = operator.attrgetter("address")
 _READONLY = operator.attrgetter("readonly")
 _DTYPE = operator.attrgetter("dtype")
 _is_none = functools.partial(operator.is_, None)
-_drain = deque[Any](maxlen=0).extend  # consumes an iterator in C, keeping nothing
 # Enum members read once: attribute access on an Enum class runs Python code (~0.3 us each on 3.11).
 _ALLREDUCE = OpType.ALLREDUCE
 _JOIN = OpType.JOIN
@@ -1269,6 +1270,11 @@ def _adjacent_span(
     count = (addrs[-1] + bufs[-1].nbytes - addrs[0]) // first.itemsize
     span = np.lib.stride_tricks.as_strided(first.reshape(-1), shape=(count,), strides=(first.itemsize,))
     return addrs[0], span
+
+
+def _postscale(sig: Signature, op: ReduceOp, size: int) -> float:
+    """The factor applied after the sum: AVERAGE folds 1/size into the postscale (one rounding)."""
+    return sig.postscale / size if op is ReduceOp.AVERAGE else sig.postscale
 
 
 def _unpack(buf: NDArray, counts: list[int], outputs: list[NDArray]) -> None:

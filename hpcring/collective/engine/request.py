@@ -149,17 +149,17 @@ def complete(
         _complete_one(handles[0], results, error)
         return
     if error is not None:
-        _drain(map(setattr, handles, repeat("_error"), repeat(error)))
+        drain(map(setattr, handles, repeat("_error"), repeat(error)))
     else:
         assert results is not None
         if len(results) != len(handles):
             raise ValueError(f"{len(results)} results for {len(handles)} handles")
-        _drain(map(setattr, handles, repeat("_result"), results))
+        drain(map(setattr, handles, repeat("_result"), results))
     with _registry:
-        _drain(map(setattr, handles, repeat("_done"), repeat(True)))
+        drain(map(setattr, handles, repeat("_done"), repeat(True)))
         waiting = list(filter(None, map(_GATES, handles)))  # usually one list: the caller waits on one handle
         if waiting:
-            _drain(map(setattr, handles, repeat("_gates"), repeat(None)))
+            drain(map(setattr, handles, repeat("_gates"), repeat(None)))
     for gates in waiting:
         for gate in gates:
             gate.release()
@@ -183,7 +183,7 @@ def _complete_one(h: Handle, results: Sequence[Any] | None, error: BaseException
 
 
 _GATES = operator.attrgetter("_gates")
-_drain = deque[Any](maxlen=0).extend  # consumes an iterator in C, keeping nothing
+drain = deque[Any](maxlen=0).extend  # consumes an iterator in C, keeping nothing
 
 
 class Request:
