@@ -48,7 +48,10 @@ def launch(cluster: NetnsCluster, flavour: str, timeout: int = 240) -> subproces
         "HPCRING_TEST_NODES": ",".join(cluster.nodes),
     }
     if flavour == "mpich":
-        env["UCX_TLS"] = "tcp,self"  # UCX would otherwise use shared memory across namespaces (one kernel)
+        # OFI's tcp provider on the node's veth, not UCX: UCX cards overrun MPICH's PMI lines at random
+        # (tests/integration/slurm/profiles/emulated-srun.yaml says how), and would use shared memory
+        # across namespaces (one kernel).
+        env.update(MPIR_CVAR_CH4_NETMOD="ofi", FI_PROVIDER="tcp", FI_TCP_IFACE="eth0")
     return subprocess.run(
         ["timeout", "-k", "5", str(timeout), *argv],
         cwd=ROOT,
