@@ -48,6 +48,9 @@ ci/netns-cluster.sh up 2 "$RATE"
 extra=()
 [ "${STAGES:-0}" = 1 ] && extra+=(--stages)
 # UCX (MPICH) would use shared memory between namespaces of one kernel: force TCP so the link is used.
+# (The published MPICH figures were taken over UCX. If MPI_Init fails at random, that is MPICH's PMI
+# segment bug with UCX cards, docs/slurm-ci.md: run with MPIR_CVAR_CH4_NETMOD=ofi FI_PROVIDER=tcp
+# FI_TCP_IFACE=eth0 in the environment, as tests/integration/netns does.)
 # The fake nodes share this machine's cores, which Open MPI cannot see: ask it to yield when idle.
 {
   echo "# hpcring netns allreduce benchmark: $FLAVOUR, 2 nodes x 2 ranks, tbf $RATE per node and direction"
