@@ -177,20 +177,45 @@ def _check_dtype(t: Any, what: str) -> str:
 
 def _view(t: Any) -> _View:
     """What the engine gets of `t`: a zero-copy numpy view of a contiguous CPU tensor, the contiguous tensor
-    itself on a device route, otherwise (a device without a data plane) a staged contiguous CPU copy."""
+    itself on a device route, otherwise (a device without a data plane, or a dtype no device route carries)
+    a staged contiguous CPU copy."""
     c = t.detach() if t.requires_grad else t
     route = "cpu"
     if not c.is_cpu:
         route = _device_route(c.device.type)
         if route in device_plane.ROUTES:
-            return _View(c if c.is_contiguous() else c.contiguous(), None, route)
+            if c.dtype not in _HOST_ONLY:
+                return _View(c if c.is_contiguous() else c.contiguous(), None, route)
+            route = _host_only_route(c.device.type, c.dtype)
         c = c.cpu()  # staged: reduced on the host, but the signature still says which device it came from
     if not c.is_contiguous():
         c = c.contiguous()
     engine = basics._engine
-    if route == "cpu" and engine is not None and engine.settings.cpu_device_plane == "gloo":
+    if (
+        route == "cpu"
+        and engine is not None
+        and engine.settings.cpu_device_plane == "gloo"
+        and c.dtype not in _HOST_ONLY
+    ):
         return _View(c, None, device_plane.CPU_GLOO)
     return _View(c, numpy_view(c), route)
+
+
+_HOST_ONLY = frozenset(getattr(torch, name) for name in device_plane.HOST_ONLY_DTYPES)
+_host_only_warned: set[Any] = set()
+
+
+def _host_only_route(device_type: str, dtype: Any) -> str:
+    """The staged route for a device tensor whose dtype no device route carries (one warning per dtype)."""
+    if dtype not in _host_only_warned:
+        _host_only_warned.add(dtype)
+        warnings.warn(
+            f"hpcring: {device_type} tensors of {dtype} are staged through host memory and reduced over MPI, "
+            "because NCCL has no such type; correct, but not the GPU fast path",
+            RuntimeWarning,
+            4,
+        )
+    return f"{device_type}{device_plane.HOST_STAGED}"
 
 
 # device type -> "cuda" (the device plane) or "<type>+host" (staged through host memory, reduced on the host

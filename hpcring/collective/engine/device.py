@@ -67,6 +67,10 @@ ROUTES: dict[str, tuple[str, str]] = {CUDA: ("cuda", "nccl"), CPU_GLOO: ("cpu", 
 # Suffix of the device name of tensors staged through host memory ("cuda+host"): the host path reduces them,
 # and validation still tells them apart from CPU tensors on another rank.
 HOST_STAGED = "+host"
+# dtypes no device route can carry: NCCL has no 16-bit integer type, and gloo (its CPU stand-in) rejects
+# int16 too ("Invalid scalar type"). Such tensors take the host path (staged, for device tensors) instead of
+# failing.
+HOST_ONLY_DTYPES = frozenset({"int16"})
 _REDUCE_OPS = {op.value: op for op in ReduceOp}
 
 _last_device: dict[str, Any] = {}  # device type -> the torch.device this process last submitted a tensor on

@@ -64,6 +64,25 @@ def test_ops_and_dtypes(hvd: ModuleType, op: str, dtype: torch.dtype) -> None:
     assert torch.equal(x, original)  # out of place: the input is untouched
 
 
+@pytest.mark.filterwarnings("ignore:hpcring. .* staged through host memory:RuntimeWarning")
+@pytest.mark.parametrize("op", OPS)
+def test_int16_takes_the_host_path(hvd: ModuleType, op: str) -> None:
+    """NCCL has no int16 (gloo, its CPU stand-in, rejects it too): such tensors are staged through host memory
+    and reduced over MPI instead of failing, and come back on their device with the exact result."""
+    from hpcring.torch import mpi_ops
+
+    n, r = hvd.size(), hvd.rank()
+    x = values(r, 7).to(torch.int16).to(DEVICE)
+    assert mpi_ops._view(x).device == ("cuda+host" if DEVICE.type == "cuda" else "cpu")
+    before = plane_stats()
+    y = hvd.allreduce(x, op=getattr(hvd, op.capitalize()), name=f"int16.{op}")
+    assert plane_stats()["batches"] == before["batches"]  # not the device plane
+    assert y.dtype == torch.int16 and y.device == x.device
+    assert torch.equal(y.cpu(), expected(op, n, 7, torch.int16)), (op, y)
+    gathered = hvd.allgather(x, name=f"int16.gather.{op}")
+    assert torch.equal(gathered.cpu(), torch.cat([values(q, 7).to(torch.int16) for q in range(n)]))
+
+
 def test_bool_min_is_and_max_is_or(hvd: ModuleType) -> None:
     n, r = hvd.size(), hvd.rank()
     x = torch.tensor([True, r == 0, r != 0, False], device=DEVICE)
