@@ -149,10 +149,22 @@ def _fill(value: Any, tensors: list[Any]) -> Any:
     return value
 
 
-def _allocate(ref: _TensorRef) -> Any:
+def _allocate(ref: _TensorRef, gpu: Any) -> Any:
+    """A receive buffer for one broadcast state tensor: on `gpu` when the root's was on a GPU."""
     torch = _deps.torch()
-    device = torch.device("cuda", torch.cuda.current_device()) if ref.cuda else torch.device("cpu")
-    return torch.empty(ref.shape, dtype=ref.dtype, device=device)
+    return torch.empty(ref.shape, dtype=ref.dtype, device=gpu if ref.cuda else torch.device("cpu"))
+
+
+def _state_gpu(optimizer: Any) -> Any:
+    """The GPU this rank's state belongs on: its parameters' (a model moved with `.to(f"cuda:{local_rank}")`
+    without `torch.cuda.set_device` still lives there), else the current device. Not simply the current
+    device: that would be cuda:0 on every rank, and NCCL refuses several ranks on one GPU."""
+    torch = _deps.torch()
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.is_cuda:
+                return p.device
+    return torch.device("cuda", torch.cuda.current_device())
 
 
 def broadcast_optimizer_state(optimizer: Any, root_rank: int, process_set: Any = None) -> None:
@@ -172,7 +184,9 @@ def broadcast_optimizer_state(optimizer: Any, root_rank: int, process_set: Any =
     if not is_root:
         refs: list[_TensorRef] = []
         _collect_refs(skeleton, refs)
-        tensors = [_allocate(ref) for ref in sorted(refs, key=lambda r: r.index)]
+        ordered = sorted(refs, key=lambda r: r.index)
+        gpu = _state_gpu(optimizer) if any(r.cuda for r in ordered) else None
+        tensors = [_allocate(ref, gpu) for ref in ordered]
     handles = [
         hvd.broadcast_async_(t, root_rank, name=f"broadcast_optimizer_state.{i}", **_set_kw(process_set))
         for i, t in enumerate(tensors)

@@ -23,11 +23,12 @@ the process (gloo's worker threads still hold tensors then).
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import socket
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -79,11 +80,21 @@ def _reduce_op(op: ReduceOp) -> Any:
     return table[op]
 
 
+def announced_host(hostnames: Sequence[str]) -> str:
+    """Where the ranks of a communicator reach the store its rank 0 opens (`hostnames`: every rank's, in rank
+    order): loopback when all of them run on rank 0's host (one-node jobs, the node-local groups of the
+    hierarchical route), else rank 0's host name, which the MPI launcher already needed every node to resolve.
+    Not MASTER_ADDR: that is the job's first host, while the store listens wherever rank 0 of *this*
+    communicator runs (a node-local group on the second node, a process set starting there)."""
+    return "127.0.0.1" if len(set(hostnames)) == 1 else hostnames[0]
+
+
 def _rendezvous(comm: Any) -> Any:
     """A store every rank of `comm` shares: rank 0 listens on a free port, MPI tells the others where."""
     dist = _deps.require("torch.distributed")
+    hostnames = comm.allgather(socket.gethostname())
     if comm.Get_rank() == 0:
-        host = os.environ.get("MASTER_ADDR") or socket.gethostname()
+        host = announced_host(hostnames)
         # wait_for_workers=False: the workers learn the port only from the bcast below.
         store = dist.TCPStore(host, 0, comm.Get_size(), True, timeout=_TIMEOUT, wait_for_workers=False)
         address = comm.bcast((host, store.port, uuid.uuid4().hex), root=0)
@@ -134,10 +145,27 @@ class TorchTransport:
         return _Work(self.pg.recv([_tensor(buf)], source, tag))
 
     def sendrecv(self, sendbuf: NDArray, dest: int, recvbuf: NDArray, source: int, tag: int) -> None:
-        recv = self.irecv(recvbuf, source, tag)
-        send = self.isend(sendbuf, dest, tag)
+        with self.p2p_group():
+            recv = self.irecv(recvbuf, source, tag)
+            send = self.isend(sendbuf, dest, tag)
         send.wait()
         recv.wait()
+
+    @contextlib.contextmanager
+    def p2p_group(self) -> Iterator[None]:
+        """Sends and receives posted inside run as one group (NCCL: ncclGroupStart/End).
+
+        NCCL queues a rank's point-to-point operations on one stream: posted apart, a receive waits for the
+        peer's send, which waits behind the peer's own receive, and every rank of a ring (or a rank sending to
+        itself) hangs. gloo needs no group."""
+        grouped = self.backend == "nccl"
+        if grouped:
+            self.pg._group_start()
+        try:
+            yield
+        finally:
+            if grouped:
+                self.pg._group_end()
 
     def wait_all(self, requests: Sequence[Any]) -> None:
         for r in requests:

@@ -110,3 +110,31 @@ def test_traffic_crosses_the_link_as_theory_says() -> None:
     assert max(moved["hierarchical"]) <= 1.10 * lower + (1 << 20), report
     if hc.local_rank() == 0:
         print(f"\n[{socket.gethostname()}] per-node link bytes for {BIG >> 20} MiB: {report}")
+
+
+def test_torch_store_rendezvous_where_rank_0_is_not_the_first_host() -> None:
+    """The torch transport (gloo here; NCCL on GPUs: the same rendezvous) connects when rank 0 of its
+    communicator is not on the job's first host (MASTER_ADDR): the node-local group of every node, and a
+    communicator in reverse rank order, whose rank 0 is on the last node. Each group then sums its ranks."""
+    pytest.importorskip("torch.distributed")
+    from mpi4py import MPI
+
+    from hpcring.collective.backends.nccl import TorchTransport
+
+    world = MPI.COMM_WORLD
+    node = world.Split_type(MPI.COMM_TYPE_SHARED)
+    reverse = world.Split(0, world.size - world.rank)
+    try:
+        for comm, members in ((node, hc.local_size()), (reverse, world.size)):
+            transport = TorchTransport(comm, "gloo")
+            try:
+                buf = np.full(5, float(world.rank))
+                transport.allreduce(buf, hc.ReduceOp.SUM)
+                ranks = comm.allgather(world.rank)
+                assert len(ranks) == members
+                assert buf.tolist() == [float(sum(ranks))] * 5
+            finally:
+                transport.close()
+    finally:
+        node.Free()
+        reverse.Free()
