@@ -228,12 +228,11 @@ def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
 
 
 def remove_process_set(process_set: ProcessSet) -> bool:
-    """Unregister a process set on every rank (collective); False when it was not registered."""
+    """Unregister a process set on every rank (collective); False when it was not registered, and for the
+    global process set, which is never removed (as Horovod answers)."""
     set_id = process_set.process_set_id
-    if set_id is None:
+    if set_id is None or set_id == 0:
         return False
-    if set_id == 0:
-        raise ValueError("the global process set cannot be removed")
     _control(OpType.REMOVE_PROCESS_SET, f"remove_process_set.{set_id}", (set_id,))
     process_set._invalidate()
     _dynamic_sets.pop(set_id, None)

@@ -167,13 +167,17 @@ def _state_gpu(optimizer: Any) -> Any:
     return torch.device("cuda", torch.cuda.current_device())
 
 
-def broadcast_optimizer_state(optimizer: Any, root_rank: int, process_set: Any = None) -> None:
+def broadcast_optimizer_state(
+    optimizer: Any, root_rank: int, model: Any = None, *, process_set: Any = None
+) -> None:
     """Make every rank's optimizer state (per-parameter state and param_groups options) equal root_rank's.
 
     Works for every `torch.optim` optimizer and for a `DistributedOptimizer`: tensors are broadcast as
     tensors (in place on the root), the rest of the state dict (scalars, `None`, tuples, learning rates) as
-    one pickle.
+    one pickle. `model` is Horovod's third parameter (it builds missing state by a zero step through it);
+    accepted and not needed here, since the state arrives whole. `process_set` is hpcring's, keyword-only.
     """
+    del model
     hvd = _hvd()
     is_root = hvd.rank() == root_rank
     tensors: list[Any] = []

@@ -497,7 +497,7 @@ def _grouped(handles: list[int]) -> int:
             k = len(p.handles)
             out.append(p.finish(results[i : i + k]))
             i += k
-        return out
+        return tuple(out)  # Horovod's synchronize() of a grouped handle returns a tuple
 
     return _register(_Pending([h for p in pendings for h in p.handles], finish))
 
@@ -707,9 +707,9 @@ class _Ctx:
 
 def grouped_allgather(
     tensors: Sequence[Any], name: str | None = None, process_set: ProcessSet = global_process_set
-) -> list[Any]:
-    """Allgather a list of tensors together; differentiable."""
-    return list(HorovodGroupedAllgather.apply(name, process_set, *tensors))
+) -> tuple[Any, ...]:
+    """Allgather a list of tensors together; differentiable. A tuple, as Horovod's (autograd's) result."""
+    return tuple(HorovodGroupedAllgather.apply(name, process_set, *tensors))
 
 
 # ---------------------------------------------------------------------- broadcast
@@ -929,7 +929,9 @@ def reducescatter_async(
 
 
 class HorovodReducescatter(torch.autograd.Function):  # type: ignore[misc]
-    """Reducescatter with a gradient: allgather of the gradient (divided by the size for Average)."""
+    """Reducescatter with a gradient: allgather of the gradient, times the set's size for Sum (Horovod's
+    convention: its test_horovod_reducescatter_grad expects `size` for Sum and 1 for Average), times the
+    scale factors."""
 
     @staticmethod
     def forward(ctx: Any, tensor: Any, name: Any, op: Any, ps: Any, pre: float, post: float) -> Any:
@@ -939,7 +941,7 @@ class HorovodReducescatter(torch.autograd.Function):  # type: ignore[misc]
     @staticmethod
     def backward(ctx: Any, grad_output: Any) -> Any:
         grad = allgather(grad_output.contiguous(), process_set=ctx.ps)
-        scale = ctx.scale / (_set_size(ctx.ps) if ctx.op == Average else 1)
+        scale = ctx.scale * (_set_size(ctx.ps) if ctx.op == Sum else 1)
         if scale != 1.0:
             grad = grad * scale
         return grad, None, None, None, None, None
@@ -992,7 +994,7 @@ class HorovodGroupedReducescatter(torch.autograd.Function):  # type: ignore[misc
 
     @staticmethod
     def backward(ctx: Any, *grads: Any) -> Any:
-        scale = ctx.scale / (_set_size(ctx.ps) if ctx.op == Average else 1)
+        scale = ctx.scale * (_set_size(ctx.ps) if ctx.op == Sum else 1)
         out = grouped_allgather([g.contiguous() for g in grads], process_set=ctx.ps)
         return (None, None, None, None, None, *[g * scale if scale != 1.0 else g for g in out])
 

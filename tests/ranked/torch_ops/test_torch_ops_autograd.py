@@ -40,15 +40,20 @@ def test_broadcast_backward_only_root_gets_gradient(hvd: ModuleType) -> None:
 
 
 def test_reducescatter_backward_is_allgather(hvd: ModuleType) -> None:
+    """Horovod's convention (test_horovod_reducescatter_grad{,_average}): the allgathered gradient, times the
+    set's size for Sum, as is for Average."""
     n, r = hvd.size(), hvd.rank()
     x = torch.ones(2 * n, 3, requires_grad=True)
     y = hvd.reducescatter(x, op=hvd.Sum)
     (y * (r + 1)).sum().backward()
-    want = torch.cat([torch.full((2, 3), float(q + 1)) for q in range(n)])
-    assert torch.equal(x.grad, want)
+    gathered = torch.cat([torch.full((2, 3), float(q + 1)) for q in range(n)])
+    assert torch.equal(x.grad, gathered * n)
     x2 = torch.ones(2 * n, 3, requires_grad=True)
     (hvd.reducescatter(x2, op=hvd.Average) * (r + 1)).sum().backward()
-    assert torch.allclose(x2.grad, want / n)
+    assert torch.allclose(x2.grad, gathered)
+    x3 = torch.ones(2 * n, 3, requires_grad=True)  # Horovod's own check: ones in, ones back
+    hvd.reducescatter(x3, op=hvd.Average).backward(torch.ones(2, 3))
+    assert torch.equal(x3.grad, torch.ones(2 * n, 3))
 
 
 def test_alltoall_backward_sends_gradients_home(hvd: ModuleType) -> None:
@@ -69,3 +74,13 @@ def test_grouped_allreduce_backward(hvd: ModuleType) -> None:
     ya, yb = hvd.grouped_allreduce([a, b], op=hvd.Sum)
     ((ya * (r + 1)).sum() + (yb * 2).sum()).backward()
     assert a.grad.tolist() == [n * (n + 1) / 2] * 2 and b.grad.tolist() == [2.0 * n] * 3
+
+
+def test_grouped_reducescatter_backward_matches_the_single_one(hvd: ModuleType) -> None:
+    n = hvd.size()
+    a = torch.ones(2 * n, 3, requires_grad=True)
+    b = torch.ones(n, dtype=torch.float64, requires_grad=True)
+    ya, yb = hvd.grouped_reducescatter([a, b], op=hvd.Sum)
+    (ya.sum() + yb.sum()).backward()
+    assert torch.equal(a.grad, torch.full((2 * n, 3), float(n)))
+    assert torch.equal(b.grad, torch.full((n,), float(n), dtype=torch.float64))

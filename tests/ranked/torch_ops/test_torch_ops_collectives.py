@@ -206,3 +206,19 @@ def test_barrier_and_sparse_allreduce(hvd: ModuleType) -> None:
     handle = hvd.sparse_allreduce_async(sp, name="sparse", op=hvd.Sum)
     dense = hvd.synchronize(handle).to_dense()
     assert torch.allclose(dense, torch.full((n,), 3.0))
+
+
+def test_grouped_results_have_horovods_types(hvd: ModuleType) -> None:
+    """Horovod returns a tuple from synchronize() of a grouped handle, from grouped_allreduce_ and from
+    grouped_allgather (autograd's result), and a list from grouped_allreduce and grouped_reducescatter."""
+    n = hvd.size()
+    a, b = torch.ones(3), torch.ones(2, dtype=torch.float64)
+    inplace = hvd.grouped_allreduce_([a, b], op=hvd.Sum)
+    assert type(inplace) is tuple and inplace[0] is a and inplace[1] is b
+    assert a.tolist() == [float(n)] * 3
+    synced = hvd.synchronize(hvd.grouped_allreduce_async([torch.ones(3), torch.ones(2)], op=hvd.Sum))
+    assert type(synced) is tuple and [t.tolist() for t in synced] == [[float(n)] * 3, [float(n)] * 2]
+    gathered = hvd.grouped_allgather([torch.ones(1), torch.ones(2, 2)])
+    assert type(gathered) is tuple and gathered[0].shape == (n,) and gathered[1].shape == (2 * n, 2)
+    assert type(hvd.grouped_allreduce([torch.ones(3)])) is list
+    assert type(hvd.grouped_reducescatter([torch.ones(n)], op=hvd.Sum)) is list

@@ -77,6 +77,7 @@ def test_dynamic_process_sets(hvd: ModuleType) -> None:
         hvd.add_process_set(list(mine.ranks))
     assert hvd.remove_process_set(odds) and hvd.remove_process_set(evens)
     assert mine.process_set_id is None and hvd.remove_process_set(mine) is False
+    assert hvd.remove_process_set(hvd.global_process_set) is False  # never removed, as in Horovod
     with pytest.raises(ValueError, match="not registered"):
         hvd.allreduce(torch.ones(1), process_set=mine)
 

@@ -106,8 +106,8 @@ def _assert_same_value(got: Any, want: Any) -> None:
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
 def test_broadcast_optimizer_state_gives_every_rank_the_roots_state(hvd: ModuleType, name: str) -> None:
     root = hvd.size() - 1
-    _, opt = _trained(name, hvd.rank())
-    hvd.broadcast_optimizer_state(opt, root_rank=root)
+    model, opt = _trained(name, hvd.rank())
+    hvd.broadcast_optimizer_state(opt, root, model)  # Horovod's positional form, model third
     _, expected = _trained(name, root)
     _assert_same_state(opt.state_dict(), expected.state_dict())
     assert opt.param_groups[0]["lr"] == 0.5 + root
