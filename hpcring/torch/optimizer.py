@@ -223,7 +223,9 @@ class _DistributedOptimizer:
 
     def _make_hook(self, p: Any) -> Any:
         def hook(*_: Any) -> None:
-            if p in self._handles and self._handles[p][0] is not None and self._allreduce_delay[p] <= 0:
+            # Every pass beyond backward_passes_per_step before step(): a parameter whose reduction already
+            # started (alone, or as a member of a group, whose entry has no handle of its own).
+            if self._allreduce_delay[p] <= 0:
                 raise AssertionError(
                     "Gradients were computed more than backward_passes_per_step times before call to step(). "
                     "Increase backward_passes_per_step to accumulate gradients locally."
@@ -236,11 +238,14 @@ class _DistributedOptimizer:
             if group is None:
                 self._handles[p] = self._allreduce_grad_async(p)
                 return
-            self._handles.pop(p, None)
             self._group_counts[group] += 1
-            if self._group_counts[group] == len(group):
-                self._handles[group] = self._grouped_allreduce_grad_async(group)
-                self._group_counts[group] = 0
+            if self._group_counts[group] < len(group):
+                self._handles[p] = (None, None)  # pending in a partial group: zero_grad() must refuse
+                return
+            for gp in group:
+                self._handles.pop(gp, None)
+            self._handles[group] = self._grouped_allreduce_grad_async(group)
+            self._group_counts[group] = 0
 
         return hook
 

@@ -105,6 +105,38 @@ def test_grouped_allreduce_gives_the_same_average(hvd: ModuleType, groups: objec
     _assert_moved_by(model, before, _mean_scale(hvd))
 
 
+def test_groups_refuse_an_extra_pass(hvd: ModuleType) -> None:
+    """With groups a parameter's own entry goes away once its group is launched: a second backward pass
+    before step() must still be refused (Horovod asserts it)."""
+    if hvd.size() == 1:
+        pytest.skip("at one rank no hooks are registered and nothing is guarded, as in Horovod")
+    model = make_model(0)
+    opt = _wrapped(hvd, model, groups=1)
+    params_sum_loss(model, hvd.rank() + 1).backward()
+    with pytest.raises(AssertionError, match="backward_passes_per_step"):
+        params_sum_loss(model, 1.0).backward()
+    opt.step()
+    opt.zero_grad()
+
+
+def test_partial_group_guards_zero_grad_then_reduces_at_step(hvd: ModuleType) -> None:
+    """A group whose members are only partly ready is pending: zero_grad() refuses (as Horovod's), and
+    step() reduces the group, the member that got no gradient with zeros."""
+    if hvd.size() == 1:
+        pytest.skip("at one rank no hooks are registered and nothing is guarded, as in Horovod")
+    model = make_model(0)
+    first, second = list(model.parameters())[:2]
+    opt = _wrapped(hvd, model, groups=[[first, second]])
+    before = [first.detach().clone(), second.detach().clone()]
+    ((hvd.rank() + 1) * first.sum()).backward()  # `second` gets no gradient
+    with pytest.raises(AssertionError, match="zero_grad"):
+        opt.zero_grad()
+    opt.step()
+    torch.testing.assert_close(first.detach(), before[0] - _mean_scale(hvd), atol=1e-5, rtol=0)
+    torch.testing.assert_close(second.detach(), before[1], atol=0, rtol=0)
+    opt.zero_grad()
+
+
 def test_num_groups_is_a_deprecated_alias(hvd: ModuleType) -> None:
     model = make_model(0)
     with pytest.warns(DeprecationWarning, match="groups"):
