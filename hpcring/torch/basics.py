@@ -44,13 +44,55 @@ def engine() -> Engine:
 
 
 def _as_process_set(item: ProcessSet | Sequence[int]) -> ProcessSet:
-    if isinstance(item, ProcessSet):
-        if item.mpi_comm is not None:
-            raise ConfigError(
-                "ProcessSet built from an mpi4py communicator is not supported; pass its list of ranks"
-            )
-        return item
-    return ProcessSet(list(item))
+    return item if isinstance(item, ProcessSet) else ProcessSet(list(item))
+
+
+def _comm_ranks(comm: Any, world: Any) -> list[int]:
+    """The ranks (in `world`, the communicator hpcring was initialised over) of an mpi4py communicator."""
+    from mpi4py import MPI
+
+    group, world_group = comm.Get_group(), world.Get_group()
+    try:
+        ranks = MPI.Group.Translate_ranks(group, list(range(group.Get_size())), world_group)
+    finally:
+        group.Free()
+        world_group.Free()
+    if MPI.UNDEFINED in ranks:
+        raise ConfigError(
+            "a ProcessSet's communicator has ranks outside the communicator hpcring was initialised with"
+        )
+    return sorted(ranks)
+
+
+def _static_plan(static: list[ProcessSet], world: Any) -> list[tuple[list[int], ProcessSet]]:
+    """(ranks, object) of every static set, in registration order, identical on every rank.
+
+    A set given as a communicator (Horovod's `ProcessSet(MPI.COMM_WORLD.Split(...))`) differs by rank: each
+    rank's is its own part of the split. Every part becomes a set, in the order of the first rank holding it,
+    and each rank's object is bound to its own part. A duplicate of an earlier set is a ValueError on every
+    rank, as in Horovod."""
+    mine = [_comm_ranks(ps.mpi_comm, world) for ps in static if ps.mpi_comm is not None]
+    every: list[list[list[int]]] = world.allgather(mine)
+    if len({len(lists) for lists in every}) != 1:
+        raise ConfigError("init(process_sets=...) got a different number of communicator sets on some ranks")
+    plan: list[tuple[list[int], ProcessSet]] = []
+    k = 0
+    for ps in static:
+        if ps.mpi_comm is None:
+            plan.append((ps.ranks, ps))
+            continue
+        parts: list[list[int]] = []
+        for lists in every:
+            if lists[k] not in parts:
+                parts.append(lists[k])
+        plan.extend((ranks, ps if ranks == mine[k] else ProcessSet(ranks)) for ranks in parts)
+        k += 1
+    seen: set[tuple[int, ...]] = {tuple(range(world.Get_size()))}
+    for i, (ranks, _) in enumerate(plan):
+        if tuple(ranks) in seen:
+            raise ValueError(f"process set {i + 1} (ranks {ranks}) duplicates an earlier process set")
+        seen.add(tuple(ranks))
+    return plan
 
 
 def init(comm: Any = None, process_sets: Sequence[ProcessSet | Sequence[int]] | str | None = None) -> None:
@@ -74,14 +116,15 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet | Sequence[int]] | 
         static = [_as_process_set(s) for s in sets]
         topo = _collective().init(comm)
         try:
-            _engine = Engine(topo, settings, [s.ranks for s in static])
+            plan = _static_plan(static, topo.comm)
+            _engine = Engine(topo, settings, [ranks for ranks, _ in plan])
         except BaseException:
             _collective().shutdown()
             raise
         global_process_set._register(0, list(range(topo.size)), topo.rank)
-        for i, ps in enumerate(static, start=1):
-            ps._register(i, ps.ranks, topo.rank)
-        _static_sets[:] = static
+        for i, (ranks, ps) in enumerate(plan, start=1):
+            ps._register(i, ranks, topo.rank)
+        _static_sets[:] = [ps for _, ps in plan]
         _generation += 1
         _barrier_counts.clear()
 
@@ -216,6 +259,11 @@ def _control(op_type: OpType, name: str, extra: tuple[int, ...] = ()) -> Any:
 def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
     """Register a process set at run time; every rank calls this, with the same ranks, in the same order."""
     ps = _as_process_set(process_set)
+    if ps.mpi_comm is not None and ps.process_set_id is None:
+        raise NotImplementedError(
+            "adding a process set defined by an MPI communicator at run time is not implemented (nor in "
+            "Horovod): pass it to init(process_sets=[...]), or add it as a list of ranks"
+        )
     if ps.process_set_id is not None:
         raise ValueError(f"{ps} is already registered")
     e = engine()

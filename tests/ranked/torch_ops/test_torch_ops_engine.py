@@ -137,19 +137,46 @@ def test_timeline_at_run_time(hvd: ModuleType, comm: Any) -> None:
 
 
 def test_static_process_sets_and_reinit(hvd: ModuleType) -> None:
-    """shutdown() then init(process_sets=...) starts a fresh engine with the static sets registered."""
+    """shutdown() then init(process_sets=...) starts a fresh engine with the static sets registered; a set
+    equal to another (the global one included) is refused on every rank, as Horovod refuses it."""
     n, r = hvd.size(), hvd.rank()
     hvd.shutdown()
     assert not hvd.is_initialized()
     with pytest.raises(ValueError):
         hvd.rank()
-    first = hvd.ProcessSet([0, n - 1])
-    everyone = hvd.ProcessSet(list(range(n)))
-    hvd.init(process_sets=[first, everyone])
-    assert first.process_set_id == 1 and everyone.process_set_id == 2
+    with pytest.raises(ValueError, match="duplicates"):
+        hvd.init(process_sets=[hvd.ProcessSet(list(range(n)))])
+    assert not hvd.is_initialized()
+    if n == 1:
+        hvd.init()
+        return
+    first, rest = hvd.ProcessSet([0]), hvd.ProcessSet(list(range(1, n)))
+    hvd.init(process_sets=[first, rest])
+    assert first.process_set_id == 1 and rest.process_set_id == 2
     assert hvd.global_process_set.size() == n
-    if first.included():
-        y = hvd.allreduce(torch.tensor([float(r)]), op=hvd.Sum, process_set=first)
-        assert y.item() == float(n - 1)
-    z = hvd.allreduce(torch.tensor([1.0]), op=hvd.Sum, process_set=everyone)
-    assert z.item() == n
+    mine = first if r == 0 else rest
+    y = hvd.allreduce(torch.tensor([float(r)]), op=hvd.Sum, process_set=mine)
+    assert y.item() == (0.0 if r == 0 else float(sum(range(1, n))))
+
+
+def test_process_sets_from_a_split_communicator(hvd: ModuleType) -> None:
+    """Horovod's `hvd.init(process_sets=[hvd.ProcessSet(MPI.COMM_WORLD.Split(...))])`: every part of the
+    split is registered (in the order of the first rank holding it) and each rank's object is its own part."""
+    from mpi4py import MPI
+
+    n, r = hvd.size(), hvd.rank()
+    if n == 1:
+        pytest.skip("a split of one rank is the global set")
+    sub = MPI.COMM_WORLD.Split(color=r % 2, key=r)
+    try:
+        hvd.shutdown()
+        split = hvd.ProcessSet(sub)
+        hvd.init(process_sets=[split])
+        assert split.ranks == list(range(r % 2, n, 2)) and split.process_set_id == 1 + r % 2
+        assert split.included() and split.size() == len(split.ranks)
+        y = hvd.allreduce(torch.tensor([float(r)]), op=hvd.Sum, process_set=split)
+        assert y.item() == float(sum(split.ranks))
+        with pytest.raises(NotImplementedError, match="communicator"):
+            hvd.add_process_set(hvd.ProcessSet(sub))
+    finally:
+        sub.Free()
