@@ -80,3 +80,12 @@ def test_errors_are_raised_at_construction() -> None:
 def test_broadcast_parameters_rejects_a_bare_tensor_before_any_collective() -> None:
     with pytest.raises(ValueError, match="invalid params"):
         hvd.broadcast_parameters(torch.zeros(3), root_rank=0)
+
+
+def test_missing_elastic_says_so() -> None:
+    """`hvd.elastic` (Horovod's elastic training) is not provided: the error says what is missing and why."""
+    with pytest.raises(AttributeError, match="elastic training is not implemented"):
+        _ = hvd.elastic
+    assert not hasattr(hvd, "elastic")
+    with pytest.raises(AttributeError, match="no attribute 'no_such_name'"):
+        _ = hvd.no_such_name
