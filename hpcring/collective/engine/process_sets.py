@@ -46,7 +46,10 @@ class ProcessSet:
         return self._my_rank is not None
 
     def rank(self) -> int | None:
-        """This process's rank inside the set, or None when not registered or not a member."""
+        """This process's rank inside the set; None when not registered; ValueError for a process outside
+        it (as Horovod's)."""
+        if self.process_set_id is not None and self._my_rank is None:
+            raise ValueError("Process is not part of provided process set.")
         return self._my_rank
 
     def size(self) -> int | None:

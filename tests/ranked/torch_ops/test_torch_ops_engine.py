@@ -62,6 +62,8 @@ def test_dynamic_process_sets(hvd: ModuleType) -> None:
     odds = hvd.add_process_set(hvd.ProcessSet([q for q in range(n) if q % 2 == 1]))
     mine, other = (evens, odds) if r % 2 == 0 else (odds, evens)
     assert mine.included() and not other.included() and mine.rank() == mine.ranks.index(r)
+    with pytest.raises(ValueError, match="not part of"):
+        other.rank()  # Horovod's answer outside the set
     y = hvd.allreduce(torch.full((2,), float(r)), op=hvd.Sum, process_set=mine, name="ps")
     assert y.tolist() == [float(sum(mine.ranks))] * 2
     g = hvd.allgather(torch.tensor([r]), process_set=mine)
