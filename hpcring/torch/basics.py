@@ -269,7 +269,8 @@ def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
     e = engine()
     if e.find_set(ps.ranks) is not None:
         raise ValueError(f"a process set with ranks {ps.ranks} is already registered")
-    set_id = _control(OpType.ADD_PROCESS_SET, f"add_process_set.{ps.ranks}", tuple(ps.ranks))
+    # One fixed name: ranks adding different sets meet in negotiation and get the mismatch on every rank.
+    set_id = _control(OpType.ADD_PROCESS_SET, "add_process_set", tuple(ps.ranks))
     ps._register(int(set_id), ps.ranks, rank())
     _dynamic_sets[ps.process_set_id or 0] = ps
     return ps
@@ -281,7 +282,7 @@ def remove_process_set(process_set: ProcessSet) -> bool:
     set_id = process_set.process_set_id
     if set_id is None or set_id == 0:
         return False
-    _control(OpType.REMOVE_PROCESS_SET, f"remove_process_set.{set_id}", (set_id,))
+    _control(OpType.REMOVE_PROCESS_SET, "remove_process_set", (set_id,))
     process_set._invalidate()
     _dynamic_sets.pop(set_id, None)
     if process_set in _static_sets:

@@ -83,6 +83,11 @@ def numpy_dtype(name: str) -> np.dtype[Any]:
 
 def _neutral(op: str, dtype: np.dtype[Any], shape: tuple[int, ...]) -> NDArray:
     """What a joined rank contributes: zeros for Sum/Average (Horovod), the identity for Min/Max/Product."""
+    if dtype.name == "bfloat16" and op in ("min", "max", "product"):  # ml_dtypes: kind 'V', its own finfo
+        import ml_dtypes
+
+        info = ml_dtypes.finfo(dtype)
+        return np.full(shape, info.max if op == "min" else (info.min if op == "max" else 1), dtype=dtype)
     if op == "min":
         fill: Any = (
             True if dtype == np.bool_ else (np.finfo(dtype).max if dtype.kind == "f" else np.iinfo(dtype).max)
@@ -97,11 +102,6 @@ def _neutral(op: str, dtype: np.dtype[Any], shape: tuple[int, ...]) -> NDArray:
         fill = 1
     else:
         return np.zeros(shape, dtype=dtype)
-    if dtype.name == "bfloat16":  # ml_dtypes' finfo
-        import ml_dtypes
-
-        info = ml_dtypes.finfo(dtype)
-        fill = info.max if op == "min" else (info.min if op == "max" else 1)
     return np.full(shape, fill, dtype=dtype)
 
 
@@ -516,6 +516,12 @@ class Engine:
                     cached_wait[bit] = req
                     continue
             outbox.append(req)
+        if st.joined:  # ops some rank has joined out of cannot complete from the cache: to the table
+            joined = set(st.joined)
+            for bit, req in list(cached_wait.items()):
+                if _join_conflict_kind(req.sig, joined) is not None:
+                    del cached_wait[bit]
+                    outbox.append(req)
         # Cached requests waiting long go through the table, where the stall inspector can name missing ranks.
         # Scanned a few times per patience period, not every cycle (a fused step keeps hundreds cached).
         patience = self.settings.stall_check_time_s / 2
@@ -541,9 +547,16 @@ class Engine:
         hit = _pack_bits(st.cached_wait, len(st.cached_wait))
         absent = hit ^ ((1 << 64 * st.cache.words) - 1)
         if st.local_join is not None:
-            # A joined rank agrees to every cached op it is not itself waiting on through the table.
-            pending = st.inflight
-            agree = [b for b in st.cache.bits() if st.cache.signature(b).name not in pending]
+            # A joined rank agrees to every cached op it is not itself waiting on through the table, and that
+            # it can stand in for: the others (an alltoall, a broadcast from this rank) go through the table
+            # on the other ranks (`_intake`), where they fail on every rank that submitted them.
+            pending, me = st.inflight, {st.rank}
+            agree = [
+                b
+                for b in st.cache.bits()
+                if st.cache.signature(b).name not in pending
+                and _join_conflict_kind(st.cache.signature(b), me) is None
+            ]
             hit |= _pack_bits(agree, len(agree))
         return flags, hit, absent
 
@@ -630,22 +643,16 @@ class Engine:
     @staticmethod
     def _join_conflict(st: _SetState, sig: Signature, absent: set[int]) -> str | None:
         """Ops joined ranks cannot stand in for."""
-        if not absent:
+        kind = _join_conflict_kind(sig, absent)
+        if kind is None:
             return None
-        who = ", ".join(str(st.ranks[r]) for r in sorted(absent))
-        if sig.op_type is OpType.BROADCAST and sig.root in absent:
+        if kind == "root":
             return f"broadcast of {sig.name!r}: root rank {st.ranks[sig.root]} has already joined"
-        if sig.op_type in (
-            OpType.ALLTOALL,
-            OpType.BARRIER,
-            OpType.ADD_PROCESS_SET,
-            OpType.REMOVE_PROCESS_SET,
-        ):
-            return (
-                f"{sig.op_type.value} {sig.name!r} cannot complete: ranks {who} have joined (only allreduce, "
-                "allgather, broadcast and reducescatter accept joined ranks)"
-            )
-        return None
+        who = ", ".join(str(st.ranks[r]) for r in sorted(absent))
+        return (
+            f"{sig.op_type.value} {sig.name!r} cannot complete: ranks {who} have joined (only allreduce, "
+            "allgather, broadcast and reducescatter accept joined ranks)"
+        )
 
     def _check_stalls(self, st: _SetState, now: float) -> None:
         """Rank 0 of the set: warn about names some ranks submitted long ago; decide a stall abort."""
@@ -771,6 +778,10 @@ class Engine:
             )
             if err is not exc:
                 err.__cause__ = exc
+            if first.error is None:
+                # Executed (and failed) here: recorded like a success, since other ranks may have succeeded
+                # and recorded it; the cache's bits must mean the same names on every rank.
+                self._remember(st, batch)
             self._finish_many(st, batch, [None] * len(batch), err)
             return
         self._remember(st, batch)
@@ -857,8 +868,9 @@ class Engine:
                 else _neutral(sig.reduce_op, dtype, sig.shape)
             )
             dst = req.output if req is not None and req.output is not None else src
+            own = req is not None and req.tensor is not None
             with self._span(timeline, names, "COLLECTIVE"):
-                self._reduce(st, src, dst, sig)
+                self._reduce(st, src, dst, sig if own else sig._replace(prescale=1.0))  # neutral: as is
             return [dst]
         if counts is None:
             counts = list(map(math.prod, map(_SHAPE, map(_SIG, batch))))  # allreduce shapes: no -1
@@ -995,17 +1007,27 @@ class Engine:
         timeline: Timeline | None,
         names: list[str],
     ) -> list[Any]:
-        """A fused batch where this rank contributes neutral values for some tensors (it joined)."""
+        """A fused batch where this rank contributes neutral values for some tensors (it joined). The prescale
+        applies to this rank's own tensors only: a scaled neutral value (1 x 2 for Product, the largest value
+        x -1 for Min) would no longer be neutral."""
         sig = batch[0].sig
         buf = st.fusion_view(dtype, sum(counts))
         with self._span(timeline, names, "MEMCPY_IN_FUSION_BUFFER"):
             parts: list[NDArray] = []
+            own: list[tuple[int, int]] = []
+            off = 0
             for req, n in zip(reqs, counts, strict=True):
                 tensor = req.tensor if req is not None else None
                 parts.append(tensor if tensor is not None else _neutral(sig.reduce_op, dtype, (n,)))
+                if tensor is not None:
+                    own.append((off, off + n))
+                off += n
             np.concatenate(parts, axis=None, out=buf)
+            if sig.prescale != 1.0:
+                for lo, hi in own:
+                    dtypes.scale(buf[lo:hi], sig.prescale)
         with self._span(timeline, names, "COLLECTIVE"):
-            self._reduce(st, buf, buf, sig)
+            self._reduce(st, buf, buf, sig._replace(prescale=1.0))
         results: list[Any] = []
         with self._span(timeline, names, "MEMCPY_OUT_FUSION_BUFFER"):
             off = 0
@@ -1174,6 +1196,19 @@ def _itemsize(dtype: str) -> int:
 
 
 _itemsizes: dict[str, int] = {}  # by agreed dtype name (a dict lookup is cheaper than the lru_cache call)
+
+
+_NO_STAND_IN = frozenset({OpType.ALLTOALL, OpType.BARRIER, OpType.ADD_PROCESS_SET, OpType.REMOVE_PROCESS_SET})
+
+
+def _join_conflict_kind(sig: Signature, joined: Collection[int]) -> str | None:
+    """Why ranks `joined` (set ranks) cannot stand in for `sig`: "root" (a broadcast from one of them), "op"
+    (an op that needs every rank's own data), or None."""
+    if not joined:
+        return None
+    if sig.op_type is OpType.BROADCAST and sig.root in joined:
+        return "root"
+    return "op" if sig.op_type in _NO_STAND_IN else None
 
 
 def _pack_bits(bits: Collection[int], n: int) -> int:

@@ -56,6 +56,58 @@ def test_join_with_uneven_data(hvd: ModuleType) -> None:
     assert hvd.allreduce(torch.ones(1), op=hvd.Sum).item() == n  # normal service after everyone joined
 
 
+def test_join_refusals_hold_for_cached_ops(hvd: ModuleType) -> None:
+    """An op joined ranks cannot stand in for (a broadcast from a joined root, an alltoall) fails on every
+    rank that submitted it even when its signature is cached (the fast path): before, a cached broadcast from
+    a joined root returned zeros and a cached alltoall hung. Rank 0 joins; the others submit both."""
+    n, r = hvd.size(), hvd.rank()
+    if n == 1:
+        pytest.skip("needs a rank that joins while others submit")
+    x = torch.full((n,), float(r + 1))
+    for _ in range(2):  # executed twice: both signatures are in the response cache
+        hvd.broadcast(x, 0, name="join.cached.b")
+        hvd.alltoall(x, name="join.cached.t")
+    if r == 0:
+        assert hvd.join() == n - 1
+        return
+    with pytest.raises(hvd.HorovodInternalError, match="root rank 0 has already joined"):
+        hvd.broadcast(x, 0, name="join.cached.b")
+    with pytest.raises(hvd.HorovodInternalError, match="have joined"):
+        hvd.alltoall(x, name="join.cached.t")
+    assert hvd.join() == n - 1
+
+
+@pytest.mark.parametrize("op", ["min", "max", "product"])
+def test_joined_ranks_contribute_neutral_values_unscaled(hvd: ModuleType, op: str) -> None:
+    """A joined rank's identity for Min/Max/Product (bfloat16 included: it hung) is not prescaled: a scaled
+    identity (2 x 1 for Product, -1 x the largest value for Min) would change the result."""
+    n, r = hvd.size(), hvd.rank()
+    if n == 1:
+        pytest.skip("needs a rank that joins while others submit")
+    hvd_op = getattr(hvd, op.capitalize())
+    if r == 0:
+        assert hvd.join() == n - 1
+        return
+    active = list(range(1, n))
+    for dtype in (torch.float32, torch.bfloat16):
+        for pre in (1.0, 2.0, -1.0):
+            x = torch.tensor([3.0, 5.0]).to(dtype) * r
+            y = hvd.allreduce(x, op=hvd_op, prescale_factor=pre, name=f"join.neutral.{op}.{dtype}.{pre}")
+            scaled = torch.stack([torch.tensor([3.0, 5.0]) * q * pre for q in active])
+            want = {"min": scaled.min(0).values, "max": scaled.max(0).values, "product": scaled.prod(0)}[op]
+            assert torch.allclose(y.float(), want.to(dtype).float(), rtol=1e-2), (op, dtype, pre, y, want)
+    assert hvd.join() == n - 1
+
+
+def test_mismatched_process_set_changes_fail_on_every_rank(hvd: ModuleType) -> None:
+    """Ranks adding different sets meet under one name and get the mismatch (before: a hang)."""
+    n, r = hvd.size(), hvd.rank()
+    if n == 1:
+        pytest.skip("needs two ranks to disagree")
+    with pytest.raises(hvd.HorovodInternalError, match="Mismatched add_process_set"):
+        hvd.add_process_set([r])
+
+
 def test_dynamic_process_sets(hvd: ModuleType) -> None:
     n, r = hvd.size(), hvd.rank()
     evens = hvd.add_process_set([q for q in range(n) if q % 2 == 0])
