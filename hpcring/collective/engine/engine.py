@@ -41,7 +41,7 @@ import numpy as np
 
 from hpcring.collective import api, dtypes
 from hpcring.collective.algorithms.ring import DEFAULT_CHUNK_BYTES
-from hpcring.collective.algorithms.shm import shm_round, slot_limit
+from hpcring.collective.algorithms.shm import SLOT_ENV, shm_round, slot_limit
 from hpcring.collective.engine import phases
 from hpcring.collective.engine.cache import ResponseCache
 from hpcring.collective.engine.device import ROUTES as DEVICE_ROUTES
@@ -52,7 +52,7 @@ from hpcring.collective.engine.timeline import NULL_SPAN, Timeline
 from hpcring.collective.engine.validation import check_agreement
 from hpcring.collective.ops import ReduceOp
 from hpcring.collective.progress import wait_polled
-from hpcring.collective.selection import chunk_bytes
+from hpcring.collective.selection import CHUNK_ENV, SEGMENT_ENV, chunk_bytes, segment_bytes
 from hpcring.config import ALGORITHMS, EngineSettings
 from hpcring.errors import CollectiveError, ConfigError, choices
 
@@ -202,6 +202,7 @@ class Engine:
         self._timeline: Timeline | None = None
         self._chunk = chunk_bytes(DEFAULT_CHUNK_BYTES)  # ring pipelining chunk, read once
         self._shm_slot = slot_limit()  # largest fused batch through shared memory, read once
+        _check_settings_agree(world.comm, settings, self._chunk, self._shm_slot)
         self._buffer = self._mpi.buffer  # an array's memory: address, size, read-only flag (zero-copy check)
         self._device: DevicePlane | None = None  # batches of device tensors (device.py), built on first use
         # Counters for tests and benchmarks (written by the engine thread only).
@@ -1196,6 +1197,34 @@ def _itemsize(dtype: str) -> int:
 
 
 _itemsizes: dict[str, int] = {}  # by agreed dtype name (a dict lookup is cheaper than the lru_cache call)
+
+
+def _check_settings_agree(comm: Any, settings: EngineSettings, chunk: int, shm_slot: int) -> None:
+    """ConfigError on every rank when ranks were started with different values of a setting that decides
+    what goes over the wire (a launcher that forwards only some variables, a per-rank wrapper script): a
+    different fusion threshold plans different batches, a different cache capacity gives the same bit other
+    names, a different algorithm or chunk runs different message patterns: a hang or a wrong result later.
+    (HPCRING_CPU_DEVICE_PLANE is not here: the route is part of every signature, so validation names it.)"""
+    from hpcring.collective.algorithms.hierarchical import DEFAULT_SEGMENT_BYTES
+
+    mine = (
+        ("HPCRING_FUSION_THRESHOLD", settings.fusion_threshold),
+        ("HPCRING_CACHE_CAPACITY", settings.cache_capacity),
+        ("HPCRING_ALLREDUCE_ALGORITHM", settings.allreduce_algorithm),
+        ("HPCRING_DEVICE_CROSS", settings.device_cross),
+        (CHUNK_ENV, chunk),
+        (SEGMENT_ENV, segment_bytes(DEFAULT_SEGMENT_BYTES)),
+        (SLOT_ENV, shm_slot),
+    )
+    every: list[tuple[tuple[str, Any], ...]] = comm.allgather(mine)
+    for i, (var, _) in enumerate(mine):
+        values = [ranks_values[i][1] for ranks_values in every]
+        if len(set(values)) > 1:
+            per_rank = ", ".join(f"rank {r}: {v!r}" for r, v in enumerate(values))
+            raise ConfigError(
+                f"{var} differs between ranks ({per_rank}); every rank must use the same value (HOROVOD_* "
+                "aliases included): set it in the environment the launcher gives every rank"
+            )
 
 
 _NO_STAND_IN = frozenset({OpType.ALLTOALL, OpType.BARRIER, OpType.ADD_PROCESS_SET, OpType.REMOVE_PROCESS_SET})

@@ -108,6 +108,31 @@ def test_mismatched_process_set_changes_fail_on_every_rank(hvd: ModuleType) -> N
         hvd.add_process_set([r])
 
 
+def test_settings_that_must_agree_are_checked_at_init(hvd: ModuleType) -> None:
+    """A fusion threshold set on one rank only would plan different batches (a hang later): init() refuses it
+    on every rank, naming the variable and each rank's value, and starts nothing."""
+    from hpcring.errors import ConfigError
+
+    n, r = hvd.size(), hvd.rank()
+    if n == 1:
+        pytest.skip("needs two ranks to disagree")
+    hvd.shutdown()
+    old = os.environ.get("HPCRING_FUSION_THRESHOLD")
+    try:
+        if r == 0:
+            os.environ["HPCRING_FUSION_THRESHOLD"] = "1048576"
+        differs = r"HPCRING_FUSION_THRESHOLD differs between ranks .rank 0: 1048576"
+        with pytest.raises(ConfigError, match=differs):
+            hvd.init()
+        assert not hvd.is_initialized()
+    finally:
+        if old is None:
+            os.environ.pop("HPCRING_FUSION_THRESHOLD", None)
+        else:
+            os.environ["HPCRING_FUSION_THRESHOLD"] = old
+        hvd.init()
+
+
 def test_dynamic_process_sets(hvd: ModuleType) -> None:
     n, r = hvd.size(), hvd.rank()
     evens = hvd.add_process_set([q for q in range(n) if q % 2 == 0])
