@@ -75,18 +75,15 @@ def _static_plan(static: list[ProcessSet], world: Any) -> list[tuple[list[int], 
     every: list[list[list[int]]] = world.allgather(mine)
     if len({len(lists) for lists in every}) != 1:
         raise ConfigError("init(process_sets=...) got a different number of communicator sets on some ranks")
+    per_set = iter(zip(mine, zip(*every, strict=True), strict=True))  # (own part, every rank's) per set
     plan: list[tuple[list[int], ProcessSet]] = []
-    k = 0
     for ps in static:
         if ps.mpi_comm is None:
             plan.append((ps.ranks, ps))
             continue
-        parts: list[list[int]] = []
-        for lists in every:
-            if lists[k] not in parts:
-                parts.append(lists[k])
-        plan.extend((ranks, ps if ranks == mine[k] else ProcessSet(ranks)) for ranks in parts)
-        k += 1
+        own, parts = next(per_set)
+        for ranks in map(list, dict.fromkeys(map(tuple, parts))):  # distinct, in order of first rank
+            plan.append((ranks, ps if ranks == own else ProcessSet(ranks)))
     seen: set[tuple[int, ...]] = {tuple(range(world.Get_size()))}
     for i, (ranks, _) in enumerate(plan):
         if tuple(ranks) in seen:

@@ -180,47 +180,44 @@ def _view(t: Any) -> _View:
     itself on a device route, otherwise (a device without a data plane, or a dtype no device route carries)
     a staged contiguous CPU copy."""
     c = t.detach() if t.requires_grad else t
-    route = "cpu"
-    if not c.is_cpu:
+    if c.is_cpu:
+        engine = basics._engine
+        gloo = engine is not None and engine.settings.cpu_device_plane == "gloo"
+        route = device_plane.CPU_GLOO if gloo else "cpu"
+    else:
         route = _device_route(c.device.type)
-        if route in device_plane.ROUTES:
-            if c.dtype not in _HOST_ONLY:
-                return _View(c if c.is_contiguous() else c.contiguous(), None, route)
-            route = _host_only_route(c.device.type, c.dtype)
+    if route in device_plane.ROUTES:
+        if c.dtype not in _HOST_ONLY:
+            return _View(c if c.is_contiguous() else c.contiguous(), None, route)
+        why = f"no device route carries {c.dtype} (NCCL has no such type)"
+        route = "cpu" if c.is_cpu else _staged(c.device.type, why, (c.device.type, c.dtype))
+    if not c.is_cpu:
         c = c.cpu()  # staged: reduced on the host, but the signature still says which device it came from
     if not c.is_contiguous():
         c = c.contiguous()
-    engine = basics._engine
-    if (
-        route == "cpu"
-        and engine is not None
-        and engine.settings.cpu_device_plane == "gloo"
-        and c.dtype not in _HOST_ONLY
-    ):
-        return _View(c, None, device_plane.CPU_GLOO)
     return _View(c, numpy_view(c), route)
 
 
 _HOST_ONLY = frozenset(getattr(torch, name) for name in device_plane.HOST_ONLY_DTYPES)
-_host_only_warned: set[Any] = set()
-
-
-def _host_only_route(device_type: str, dtype: Any) -> str:
-    """The staged route for a device tensor whose dtype no device route carries (one warning per dtype)."""
-    if dtype not in _host_only_warned:
-        _host_only_warned.add(dtype)
-        warnings.warn(
-            f"hpcring: {device_type} tensors of {dtype} are staged through host memory and reduced over MPI, "
-            "because NCCL has no such type; correct, but not the GPU fast path",
-            RuntimeWarning,
-            4,
-        )
-    return f"{device_type}{device_plane.HOST_STAGED}"
-
 
 # device type -> "cuda" (the device plane) or "<type>+host" (staged through host memory, reduced on the host
 # path; a distinct device name so that validation still refuses CPU tensors on one rank and GPU on another).
 _routes: dict[str, str] = {}
+_staging_warned: set[Any] = set()
+
+
+def _staged(device_type: str, why: str, key: Any) -> str:
+    """The route of `device_type` tensors staged through host memory, with one RuntimeWarning per `key`
+    saying why (pointing at the caller of `_view`)."""
+    if key not in _staging_warned:
+        _staging_warned.add(key)
+        warnings.warn(
+            f"hpcring: {device_type} tensors are staged through host memory and reduced over MPI, "
+            f"because {why}; correct, but not the GPU fast path",
+            RuntimeWarning,
+            4,
+        )
+    return f"{device_type}{device_plane.HOST_STAGED}"
 
 
 def _device_route(device_type: str) -> str:
@@ -235,14 +232,7 @@ def _device_route(device_type: str) -> str:
 
             if not (dist.is_available() and dist.is_nccl_available()):
                 why = "this torch build has no NCCL (torch.distributed.is_nccl_available() is False)"
-        route = device_plane.CUDA if why is None else f"{device_type}{device_plane.HOST_STAGED}"
-        if why is not None:
-            warnings.warn(
-                f"hpcring: {device_type} tensors are staged through host memory and reduced over MPI, "
-                f"because {why}; correct, but not the GPU fast path",
-                RuntimeWarning,
-                3,
-            )
+        route = device_plane.CUDA if why is None else _staged(device_type, why, device_type)
         _routes[device_type] = route
     return route
 

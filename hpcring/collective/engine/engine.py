@@ -551,12 +551,11 @@ class Engine:
             # A joined rank agrees to every cached op it is not itself waiting on through the table, and that
             # it can stand in for: the others (an alltoall, a broadcast from this rank) go through the table
             # on the other ranks (`_intake`), where they fail on every rank that submitted them.
-            pending, me = st.inflight, {st.rank}
+            pending, me, cached = st.inflight, {st.rank}, st.cache.signature
             agree = [
                 b
                 for b in st.cache.bits()
-                if st.cache.signature(b).name not in pending
-                and _join_conflict_kind(st.cache.signature(b), me) is None
+                if (sig := cached(b)).name not in pending and _join_conflict_kind(sig, me) is None
             ]
             hit |= _pack_bits(agree, len(agree))
         return flags, hit, absent
@@ -760,6 +759,8 @@ class Engine:
         counts: list[int] | None = None,
     ) -> None:
         first = batch[0]
+        err: CollectiveError | None = None
+        results: list[Any] = [None] * len(batch)
         try:
             if first.error is not None:
                 raise CollectiveError(first.error)
@@ -779,14 +780,11 @@ class Engine:
             )
             if err is not exc:
                 err.__cause__ = exc
-            if first.error is None:
-                # Executed (and failed) here: recorded like a success, since other ranks may have succeeded
-                # and recorded it; the cache's bits must mean the same names on every rank.
-                self._remember(st, batch)
-            self._finish_many(st, batch, [None] * len(batch), err)
-            return
-        self._remember(st, batch)
-        self._finish_many(st, batch, results)
+        if first.error is None:
+            # Executed here, whether it succeeded or failed (other ranks may have succeeded and recorded it):
+            # the cache's bits must mean the same names on every rank.
+            self._remember(st, batch)
+        self._finish_many(st, batch, results, err)
 
     @staticmethod
     def _remember(st: _SetState, batch: list[Response]) -> None:
@@ -861,17 +859,11 @@ class Engine:
         dtype = numpy_dtype(sig.dtype)
         names = list(map(_SIG_NAME, batch)) if timeline is not None else []
         reqs: list[Any] = list(map(_LOCAL, batch))
-        if len(batch) == 1:
+        if len(batch) == 1 and reqs[0] is not None and reqs[0].tensor is not None:
             req = reqs[0]
-            src = (
-                req.tensor
-                if req is not None and req.tensor is not None
-                else _neutral(sig.reduce_op, dtype, sig.shape)
-            )
-            dst = req.output if req is not None and req.output is not None else src
-            own = req is not None and req.tensor is not None
+            dst = req.output if req.output is not None else req.tensor
             with self._span(timeline, names, "COLLECTIVE"):
-                self._reduce(st, src, dst, sig if own else sig._replace(prescale=1.0))  # neutral: as is
+                self._reduce(st, req.tensor, dst, sig)
             return [dst]
         if counts is None:
             counts = list(map(math.prod, map(_SHAPE, map(_SIG, batch))))  # allreduce shapes: no -1
