@@ -21,6 +21,7 @@ from types import ModuleType
 from typing import Any
 
 from hpcring import _deps
+from hpcring.collective.engine import ProcessSet, global_process_set
 
 
 def _hvd() -> ModuleType:
@@ -81,7 +82,9 @@ def broadcast_parameters(params: Any, root_rank: int, process_set: Any = None) -
         hvd.synchronize(handle)
 
 
-def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None, process_set: Any = None) -> Any:
+def broadcast_object(
+    obj: Any, root_rank: int = 0, name: str | None = None, process_set: ProcessSet | None = global_process_set
+) -> Any:
     """Return root_rank's `obj` on every rank (pickled; the value passed on other ranks is ignored).
 
     The default name does not depend on `obj`'s type (Horovod's does), so passing `None` on non-root ranks,

@@ -884,8 +884,8 @@ def _reducescatter_async(
 ) -> int:
     what = "reducescatter"
     dtype = _check_dtype(tensor, what)
-    if op not in (Average, Sum):
-        raise ValueError(f"{what}: op must be hvd.Average or hvd.Sum, got {op!r}")
+    if op not in (Average, Sum):  # Horovod's engine refuses it at enqueue: HorovodInternalError, at once
+        raise HorovodInternalError(f"{what}: op must be hvd.Average or hvd.Sum, got {op!r}")
     if tensor.dim() == 0:
         raise ValueError(f"{what}: the tensor needs at least one dimension (got a scalar)")
     dtypes.check_op(dtype, op, what)

@@ -22,6 +22,7 @@ from types import ModuleType
 from typing import Any, cast
 
 from hpcring import _deps
+from hpcring.collective.engine import ProcessSet, global_process_set
 from hpcring.errors import ConfigError
 from hpcring.torch.compression import Compression, Compressor
 
@@ -87,7 +88,7 @@ class _DistributedOptimizer:
         self.op = op
         self.gradient_predivide_factor = gradient_predivide_factor
         self.sparse_as_dense = sparse_as_dense
-        self.process_set = process_set
+        self.process_set = global_process_set if process_set is None else process_set
         self._groups = groups
         self._handles = {}
         self._requires_update = []
@@ -102,10 +103,10 @@ class _DistributedOptimizer:
     def _reduces(self) -> bool:
         """Whether this rank takes part in reductions: as Horovod, not at one rank (unless elastic), and not
         when it is outside the optimizer's process set (step() then applies the local gradient)."""
-        if self.process_set is not None:
-            return bool(self.process_set.included()) and (self.process_set.size() or 0) > 1
+        _hvd().size()  # not initialized: Horovod's error, here rather than a silent local optimizer
         elastic = os.environ.get("HPCRING_ELASTIC", os.environ.get("HOROVOD_ELASTIC")) == "1"
-        return bool(_hvd().size() > 1 or elastic)
+        ps = self.process_set
+        return bool(ps.included()) and ((ps.size() or 0) > 1 or elastic)
 
     def _validated_names(self, named_parameters: Any) -> dict[Any, str]:
         """Map each parameter to its allreduce name; Horovod's ValueErrors for bad or missing names."""
@@ -147,7 +148,7 @@ class _DistributedOptimizer:
         from hpcring.torch.functions import broadcast_object
 
         names = [self._parameter_names[p] for p in self._requires_update]
-        root = self.process_set.ranks[0] if self.process_set is not None and self.process_set.ranks else 0
+        root = self.process_set.ranks[0] if self.process_set.ranks else 0
         order = broadcast_object(
             names, root_rank=root, name="DistributedOptimizer.groups", process_set=self.process_set
         )
@@ -183,7 +184,7 @@ class _DistributedOptimizer:
         return 1.0, 1.0
 
     def _set_kw(self) -> dict[str, Any]:
-        return {} if self.process_set is None else {"process_set": self.process_set}
+        return {"process_set": self.process_set}
 
     def _ensure_grad(self, p: Any) -> Any:
         """A parameter with no gradient on this rank still joins the reduction, with zeros."""
@@ -268,7 +269,7 @@ class _DistributedOptimizer:
 
     def synchronize(self) -> None:
         """Wait for every gradient reduction and write the results into `p.grad` (e.g. to clip them)."""
-        if self.process_set is not None and not self.process_set.included():
+        if not self.process_set.included():
             self._synchronized = True
             return
         hvd = _hvd()
@@ -369,7 +370,7 @@ def DistributedOptimizer(
     num_groups: int = 0,
     groups: Any = None,
     sparse_as_dense: bool = False,
-    process_set: Any = None,
+    process_set: ProcessSet = global_process_set,
 ) -> Any:
     """Wrap `optimizer` so that `step()` applies gradients averaged (by `op`) over all ranks.
 
@@ -378,7 +379,7 @@ def DistributedOptimizer(
     local passes are accumulated before reducing; `gradient_predivide_factor` splits Average's division
     around the sum; `groups` (an int, or lists of parameters) fuses gradients into grouped allreduces
     (`num_groups` is its deprecated alias); `sparse_as_dense` reduces sparse gradients densely; `process_set`
-    limits the ranks.
+    limits the ranks (default `global_process_set`, every rank, as Horovod's; None means the same).
     """
     hvd = _hvd()
     op = hvd.Average if op is None else op

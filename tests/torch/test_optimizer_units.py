@@ -89,3 +89,21 @@ def test_missing_elastic_says_so() -> None:
     assert not hasattr(hvd, "elastic")
     with pytest.raises(AttributeError, match="no attribute 'no_such_name'"):
         _ = hvd.no_such_name
+
+
+def test_defaults_are_horovods() -> None:
+    """Defaults a Horovod script may rely on without naming them (horovod 0.28.1's signatures)."""
+    import inspect
+
+    def default(fn: object, arg: str) -> object:
+        return inspect.signature(fn).parameters[arg].default  # type: ignore[arg-type]
+
+    assert default(hvd.DistributedOptimizer, "process_set") is hvd.global_process_set
+    assert default(hvd.DistributedOptimizer, "backward_passes_per_step") == 1
+    assert default(hvd.DistributedOptimizer, "compression") is hvd.Compression.none
+    assert default(hvd.broadcast_object, "process_set") is hvd.global_process_set
+    assert default(hvd.broadcast_object, "root_rank") == 0
+    for op in ("allreduce", "allgather", "broadcast", "alltoall", "reducescatter"):
+        assert default(getattr(hvd, op), "process_set") is hvd.global_process_set, op
+    assert default(hvd.allreduce, "op") is None  # None: `average=`'s default, then Average (Horovod's rule)
+    assert default(hvd.reducescatter, "op") is hvd.Average
