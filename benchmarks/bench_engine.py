@@ -13,6 +13,10 @@ Run under the launcher, e.g.:
      buffer each, as gradients laid out in buckets (DDP's `gradient_as_bucket_view`) are: the engine then
      reduces them where they lie, with no copy into or out of the fusion buffer. A separate row: the issue's
      figure is `fused` (256 independently allocated tensors).
+   - data floor (for reference, one node only): the same request building, then only the data movement the
+     fused step does through shared memory (pack into the slot, reduce, unpack; `shm_round`) with no engine
+     at all: what a fused step would cost if negotiation, planning and completion were free. One by one over
+     the floor is the most fusion could show on this machine.
 2. Latency of a 4-byte allreduce: the engine (submit + wait, response cache warm) against raw mpi4py
    `Allreduce` on the same ranks, i.e. the engine's overhead per operation.
 
@@ -41,7 +45,10 @@ from typing import Any
 import numpy as np
 
 import hpcring
+from hpcring.collective.algorithms.shm import shm_round
 from hpcring.collective.engine import Engine, OpType, Request, Signature
+from hpcring.collective.engine.engine import _unpack
+from hpcring.collective.ops import ReduceOp
 from hpcring.config import EngineSettings, engine_settings
 
 TENSORS = 256
@@ -135,7 +142,38 @@ def bench_fusion(world: Any, iters: int, fresh_outputs: bool = False) -> dict[st
             results[label] = statistics.median(times)
         finally:
             engine.shutdown()
+    floor = data_floor_step(world, separate, new_outputs(separate, False))
+    if floor is not None:
+        results["data_floor"] = statistics.median(timed(world.comm, iters, 2, floor))
     return results
+
+
+def data_floor_step(
+    world: Any, arrays: list[np.ndarray], outputs: list[np.ndarray]
+) -> Callable[[], None] | None:
+    """A fused step without the engine: build the requests as the engine rows do, then move the data as the
+    engine's shared-memory path does (pack into this rank's slot, reduce this rank's part, unpack). None where
+    the ranks share no segment (several nodes, one rank)."""
+    seg = world.shared_segment()
+    dtype = np.dtype(np.float32)
+    total = sum(a.size for a in arrays)
+    if seg is None or not seg.ensure(total * dtype.itemsize):
+        return None
+    counts = [a.size for a in arrays]
+    want = float(world.size * (world.size - 1) // 2)
+
+    def fill(slot: np.ndarray) -> None:
+        np.concatenate(arrays, axis=None, out=slot)
+
+    def drain(result: np.ndarray) -> None:
+        _unpack(result, counts, outputs)
+
+    def step() -> None:
+        reqs = allreduce_requests("fusion", arrays, outputs)
+        shm_round(seg, total, dtype, ReduceOp.SUM, fill, drain)
+        assert reqs[0].tensor is arrays[0] and outputs[0][0] == want
+
+    return step
 
 
 def bench_latency(world: Any, iters: int) -> dict[str, float]:
@@ -193,6 +231,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  fused vs one by one:          {fusion['one_by_one'] / fusion['fused']:6.1f}x")
         print(f"  fused vs unfused async:       {fusion['unfused_async'] / fusion['fused']:6.1f}x")
         print(f"  fused adjacent vs one by one: {fusion['one_by_one'] / fusion['fused_adjacent']:6.1f}x")
+        if "data_floor" in fusion:
+            print(f"  data floor vs one by one:     {fusion['one_by_one'] / fusion['data_floor']:6.1f}x")
+            print(f"  fused over the data floor:    {(fusion['fused'] - fusion['data_floor']) * 1e3:6.2f} ms")
         print(f"\n4-byte allreduce latency, median of {args.latency_iters}:")
         print(f"  raw mpi4py     {latency['raw_mpi4py'] * 1e6:9.1f} us")
         print(f"  engine         {latency['engine'] * 1e6:9.1f} us")
