@@ -136,6 +136,9 @@ def _log_level(env: Mapping[str, str]) -> str:
     return parse_choice(*found, LOG_LEVELS) if found else "warning"
 
 
+TIMELINE_DYNAMIC = "DYNAMIC"
+
+
 def engine_settings(env: Mapping[str, str] | None = None) -> EngineSettings:
     """Read every engine setting from `env` (default: os.environ); ConfigError on the first bad value."""
     env = os.environ if env is None else env
@@ -146,7 +149,8 @@ def engine_settings(env: Mapping[str, str] | None = None) -> EngineSettings:
     found = _lookup(env, "CACHE_CAPACITY")
     cache = parse_int(*found) if found else DEFAULT_CACHE_CAPACITY
     found = _lookup(env, "TIMELINE")
-    timeline = found[1] if found and found[1] else None
+    # DYNAMIC (Horovod's word): nothing is written until start_timeline(path) is called at run time.
+    timeline = found[1] if found and found[1] and found[1] != TIMELINE_DYNAMIC else None
     found = _lookup(env, "TIMELINE_MARK_CYCLES")
     mark = parse_bool(*found) if found else False
     found = _lookup(env, "STALL_CHECK_TIME_SECONDS")

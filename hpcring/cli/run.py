@@ -12,7 +12,7 @@ import shlex
 import sys
 from collections.abc import Callable
 
-from hpcring.config import ALGORITHMS
+from hpcring.config import ALGORITHMS, TIMELINE_DYNAMIC
 from hpcring.errors import ConfigError, choices
 from hpcring.launch.command import LaunchSpec, build
 from hpcring.launch.hosts import parse_host_list, parse_hostfile
@@ -125,7 +125,8 @@ def engine_settings(args: argparse.Namespace) -> dict[str, str]:
     if args.cache_capacity is not None:
         out["HPCRING_CACHE_CAPACITY"] = str(int(_number(int, args.cache_capacity, "--cache-capacity")))
     if args.timeline_filename:
-        out["HPCRING_TIMELINE"] = os.path.abspath(args.timeline_filename)
+        name = args.timeline_filename
+        out["HPCRING_TIMELINE"] = name if name == TIMELINE_DYNAMIC else os.path.abspath(name)
     if args.timeline_mark_cycles:
         out["HPCRING_TIMELINE_MARK_CYCLES"] = "1"
     for flag, attr, var in (

@@ -70,6 +70,21 @@ def test_hpcring_names_win_over_horovod_aliases() -> None:
     assert engine_settings({"HPCRING_ALLREDUCE_ALGORITHM": "Ring", **env}).allreduce_algorithm == "ring"
 
 
+def test_dynamic_timeline_writes_nothing_until_started() -> None:
+    """HOROVOD_TIMELINE=DYNAMIC (set by Horovod's own tests) is not a file name: the timeline starts only
+    when start_timeline(path) is called; on the launcher's flag it stays the word, not a path in the cwd."""
+    import argparse
+
+    from hpcring.cli import run
+
+    assert engine_settings({"HOROVOD_TIMELINE": "DYNAMIC"}).timeline is None
+    assert engine_settings({"HPCRING_TIMELINE": "DYNAMIC.json"}).timeline == "DYNAMIC.json"
+    parser = argparse.ArgumentParser()
+    run.register(parser)
+    flags = parser.parse_args(["--timeline-filename", "DYNAMIC", "--", "true"])
+    assert run.engine_settings(flags)["HPCRING_TIMELINE"] == "DYNAMIC"
+
+
 @pytest.mark.parametrize(
     ("text", "value"), [("67108864", 67108864), ("64MiB", 64 << 20), ("512k", 512 << 10), ("1 GB", 1 << 30)]
 )
@@ -390,6 +405,8 @@ def test_timeline_is_valid_chrome_trace(tmp_path: Path) -> None:
     )
     assert any(e["name"] == "CYCLE_START" for e in events)
     assert all(isinstance(e.get("ts", 0), (int, float)) for e in events)
+    start = next(e for e in events if e["pid"] == 0 and e["name"] == "process_name")["args"]
+    assert abs(start["start_time_since_epoch_in_micros"] / 1e6 - time.time()) < 60  # Horovod's header field
 
 
 def test_phase_seam_reports_to_the_listener() -> None:

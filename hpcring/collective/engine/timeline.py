@@ -68,9 +68,10 @@ class Timeline:
         self._file.write("[\n")
         self._pids = {}
         self._t0 = time.monotonic()
-        self._write(
-            {"name": "process_name", "ph": "M", "pid": 0, "args": {"name": f"hpcring engine (rank {rank})"}}
-        )
+        # Horovod's field: the wall-clock time of ts 0, which tools use to line up traces of several runs.
+        epoch_us = round(time.time() * 1e6)
+        args = {"name": f"hpcring engine (rank {rank})", "start_time_since_epoch_in_micros": epoch_us}
+        self._write({"name": "process_name", "ph": "M", "pid": 0, "args": args})
 
     def _ts(self, when: float | None) -> float:
         """Microseconds since the timeline started (monotonic clock, like request timestamps)."""
