@@ -123,7 +123,6 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet | Sequence[int]] | 
             ps._register(i, ranks, topo.rank)
         _static_sets[:] = [ps for _, ps in plan]
         _generation += 1
-        _barrier_counts.clear()
 
 
 def _shutdown_locked() -> None:
@@ -297,19 +296,13 @@ def join(device: int = -1) -> int:
 
 
 def barrier(process_set: ProcessSet = global_process_set) -> None:
-    """Block until every rank of the process set has called barrier."""
-    set_id = _set_id(process_set)
-    req = Request(Signature(f"barrier.{_next_barrier(set_id)}", OpType.BARRIER), set_id)
+    """Block until every rank of the process set has called barrier (ranks that joined count as arrived).
+
+    One fixed name per set, as Horovod's: a barrier is synchronous, so a rank has at most one in flight, and
+    a count in the name would let ranks that called barrier a different number of times (under join) wait
+    on different names forever."""
+    req = Request(Signature("barrier", OpType.BARRIER), _set_id(process_set))
     engine().submit(req).wait()
-
-
-_barrier_counts: dict[int, int] = {}
-
-
-def _next_barrier(set_id: int) -> int:
-    n = _barrier_counts.get(set_id, 0)
-    _barrier_counts[set_id] = n + 1
-    return n
 
 
 def _set_id(process_set: ProcessSet | None) -> int:

@@ -394,11 +394,10 @@ class SetPlane:
 
     def allgather(self, r: Response) -> Any:
         sig, (src, _) = r.sig, tensors(r)
+        assert src is not None  # joined ranks are refused in negotiation
         trailing = tuple(sig.shape[1:])
         dtype = torch_dtype(sig.dtype)
         torch = _deps.torch()
-        if src is None:  # a joined rank adds no rows
-            src = torch.empty((0, *trailing), dtype=dtype, device=self.device)
         rows: list[int] = self.world.allgather_object(int(src.shape[0]))
         row = math.prod(trailing)
         out = torch.empty((sum(rows), *trailing), dtype=dtype, device=self.device)
@@ -410,8 +409,7 @@ class SetPlane:
 
     def broadcast(self, r: Response) -> Any:
         sig, (_, buf) = r.sig, tensors(r)
-        if buf is None:  # a joined rank receives and discards
-            buf = _deps.torch().empty(sig.shape, dtype=torch_dtype(sig.dtype), device=self.device)
+        assert buf is not None  # joined ranks are refused in negotiation
         if self.topo.size > 1:
             self.world.bcast(buf.view(-1), sig.root)
         return buf
@@ -437,8 +435,7 @@ class SetPlane:
         torch = _deps.torch()
         dtype = torch_dtype(sig.dtype)
         n, rank = self.topo.size, self.topo.rank
-        if src is None:  # a joined rank contributes zeros
-            src = torch.zeros(sig.shape, dtype=dtype, device=self.device)
+        assert src is not None  # joined ranks are refused in negotiation
         if sig.prescale != 1.0:
             src = src.clone()
             scale_(src, sig.prescale)

@@ -520,7 +520,7 @@ class Engine:
         if st.joined:  # ops some rank has joined out of cannot complete from the cache: to the table
             joined = set(st.joined)
             for bit, req in list(cached_wait.items()):
-                if _join_conflict_kind(req.sig, joined) is not None:
+                if _join_conflicts(req.sig, joined):
                     del cached_wait[bit]
                     outbox.append(req)
         # Cached requests waiting long go through the table, where the stall inspector can name missing ranks.
@@ -549,13 +549,13 @@ class Engine:
         absent = hit ^ ((1 << 64 * st.cache.words) - 1)
         if st.local_join is not None:
             # A joined rank agrees to every cached op it is not itself waiting on through the table, and that
-            # it can stand in for: the others (an alltoall, a broadcast from this rank) go through the table
-            # on the other ranks (`_intake`), where they fail on every rank that submitted them.
+            # it can stand in for (allreduces): the others go through the table on the other ranks
+            # (`_intake`), where they fail on every rank that submitted them.
             pending, me, cached = st.inflight, {st.rank}, st.cache.signature
             agree = [
                 b
                 for b in st.cache.bits()
-                if (sig := cached(b)).name not in pending and _join_conflict_kind(sig, me) is None
+                if (sig := cached(b)).name not in pending and not _join_conflicts(sig, me)
             ]
             hit |= _pack_bits(agree, len(agree))
         return flags, hit, absent
@@ -642,16 +642,20 @@ class Engine:
 
     @staticmethod
     def _join_conflict(st: _SetState, sig: Signature, absent: set[int]) -> str | None:
-        """Ops joined ranks cannot stand in for."""
-        kind = _join_conflict_kind(sig, absent)
-        if kind is None:
+        """The error for an op that ranks `absent` (joined) cannot stand in for, raised on every rank that
+        submitted it (Horovod's rule and wording)."""
+        if not _join_conflicts(sig, absent):
             return None
-        if kind == "root":
-            return f"broadcast of {sig.name!r}: root rank {st.ranks[sig.root]} has already joined"
         who = ", ".join(str(st.ranks[r]) for r in sorted(absent))
+        hint = (
+            " (DistributedOptimizer: sparse_as_dense=True reduces sparse gradients by allreduce)"
+            if sig.op_type is OpType.ALLGATHER
+            else ""
+        )
+        op = sig.op_type.value
         return (
-            f"{sig.op_type.value} {sig.name!r} cannot complete: ranks {who} have joined (only allreduce, "
-            "allgather, broadcast and reducescatter accept joined ranks)"
+            f"{op} {sig.name!r}: {op} is not supported with join, and ranks {who} have joined; only "
+            f"allreduce and barrier proceed until every rank has joined{hint}"
         )
 
     def _check_stalls(self, st: _SetState, now: float) -> None:
@@ -1045,26 +1049,19 @@ class Engine:
         if op is OpType.REMOVE_PROCESS_SET:
             self._remove_set(sig.extra[0])
             return None
-        dtype = numpy_dtype(sig.dtype)
-        tensor = req.tensor if req is not None else None
+        assert req is not None and req.tensor is not None  # joined ranks are refused in negotiation
+        tensor = req.tensor
         with self._span(timeline, [sig.name], "COLLECTIVE"):
             if op is OpType.ALLGATHER:
-                src = tensor if tensor is not None else np.zeros((0, *sig.shape[1:]), dtype=dtype)
-                return api.allgather(src, topology=topo, validate=False)
+                return api.allgather(tensor, topology=topo, validate=False)
             if op is OpType.BROADCAST:
-                buf = (
-                    req.output
-                    if req is not None and req.output is not None
-                    else np.zeros(sig.shape, dtype=dtype)
-                )
+                buf = req.output if req.output is not None else tensor
                 api.broadcast(buf, sig.root, topology=topo, validate=False)
                 return buf
             if op is OpType.ALLTOALL:
-                assert req is not None and tensor is not None  # joined ranks are refused in negotiation
-                splits = None if req.splits is None else req.splits
-                return api.alltoall(tensor, splits, topology=topo, validate=False)
+                return api.alltoall(tensor, req.splits, topology=topo, validate=False)
             if op is OpType.REDUCESCATTER:
-                src = tensor if tensor is not None else np.zeros(sig.shape, dtype=dtype)
+                src = tensor
                 if sig.prescale != 1.0:
                     src = src.copy()
                     dtypes.scale(src, sig.prescale)
@@ -1219,17 +1216,24 @@ def _check_settings_agree(comm: Any, settings: EngineSettings, chunk: int, shm_s
             )
 
 
-_NO_STAND_IN = frozenset({OpType.ALLTOALL, OpType.BARRIER, OpType.ADD_PROCESS_SET, OpType.REMOVE_PROCESS_SET})
+# What joined ranks cannot stand in for, as in Horovod's controller ("<Op> is not supported with Join at this
+# time"): every op but allreduce (neutral values) and barrier (a joined rank is already waiting), and the
+# process-set changes, which need every rank's own call.
+_NO_STAND_IN = frozenset(
+    {
+        OpType.ALLGATHER,
+        OpType.BROADCAST,
+        OpType.ALLTOALL,
+        OpType.REDUCESCATTER,
+        OpType.ADD_PROCESS_SET,
+        OpType.REMOVE_PROCESS_SET,
+    }
+)
 
 
-def _join_conflict_kind(sig: Signature, joined: Collection[int]) -> str | None:
-    """Why ranks `joined` (set ranks) cannot stand in for `sig`: "root" (a broadcast from one of them), "op"
-    (an op that needs every rank's own data), or None."""
-    if not joined:
-        return None
-    if sig.op_type is OpType.BROADCAST and sig.root in joined:
-        return "root"
-    return "op" if sig.op_type in _NO_STAND_IN else None
+def _join_conflicts(sig: Signature, joined: Collection[int]) -> bool:
+    """Whether ranks `joined` (set ranks) cannot stand in for `sig`."""
+    return bool(joined) and sig.op_type in _NO_STAND_IN
 
 
 def _pack_bits(bits: Collection[int], n: int) -> int:

@@ -49,31 +49,39 @@ def test_join_with_uneven_data(hvd: ModuleType) -> None:
         y = hvd.allreduce(torch.full((3,), 1.0), name="join.grad", op=hvd.Average)
         active = n - s  # ranks r >= s are still submitting at step s; joined ranks add zeros
         assert torch.allclose(y, torch.full((3,), active / n)), (s, y)
-        g = hvd.allgather(torch.full((1,), float(r)), name="join.gather")
-        assert g.tolist() == [float(q) for q in range(s, n)]
+        hvd.barrier()  # as in Horovod, a barrier proceeds without the joined ranks (they wait in join)
     last = hvd.join()
     assert last == n - 1
     assert hvd.allreduce(torch.ones(1), op=hvd.Sum).item() == n  # normal service after everyone joined
 
 
-def test_join_refusals_hold_for_cached_ops(hvd: ModuleType) -> None:
-    """An op joined ranks cannot stand in for (a broadcast from a joined root, an alltoall) fails on every
-    rank that submitted it even when its signature is cached (the fast path): before, a cached broadcast from
-    a joined root returned zeros and a cached alltoall hung. Rank 0 joins; the others submit both."""
+def test_join_refuses_every_op_but_allreduce_and_barrier(hvd: ModuleType) -> None:
+    """As Horovod's controller ("... is not supported with Join at this time"): while a rank has joined,
+    allgather, broadcast, alltoall and reducescatter fail on every rank that submitted them, cached (the fast
+    path: before, a cached alltoall hung) or not; allreduce and barrier go on. Rank 0 joins."""
     n, r = hvd.size(), hvd.rank()
     if n == 1:
         pytest.skip("needs a rank that joins while others submit")
     x = torch.full((n,), float(r + 1))
-    for _ in range(2):  # executed twice: both signatures are in the response cache
-        hvd.broadcast(x, 0, name="join.cached.b")
-        hvd.alltoall(x, name="join.cached.t")
+    ops = {
+        "allgather": lambda name: hvd.allgather(x, name=name),
+        "broadcast": lambda name: hvd.broadcast(x, n - 1, name=name),
+        "alltoall": lambda name: hvd.alltoall(x, name=name),
+        "reducescatter": lambda name: hvd.reducescatter(x, op=hvd.Sum, name=name),
+    }
+    for _ in range(2):  # executed twice: every signature is in the response cache
+        for op, call in ops.items():
+            call(f"join.cached.{op}")
     if r == 0:
         assert hvd.join() == n - 1
         return
-    with pytest.raises(hvd.HorovodInternalError, match="root rank 0 has already joined"):
-        hvd.broadcast(x, 0, name="join.cached.b")
-    with pytest.raises(hvd.HorovodInternalError, match="have joined"):
-        hvd.alltoall(x, name="join.cached.t")
+    for op, call in ops.items():
+        for name in (f"join.cached.{op}", f"join.new.{op}"):
+            refused = f"{op} is not supported with join, and ranks 0 have joined"
+            with pytest.raises(hvd.HorovodInternalError, match=refused):
+                call(name)
+    hvd.barrier()
+    assert hvd.allreduce(torch.ones(1), op=hvd.Sum, name="join.still").item() == n - 1
     assert hvd.join() == n - 1
 
 
