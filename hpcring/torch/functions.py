@@ -177,10 +177,16 @@ def broadcast_optimizer_state(
 
     Works for every `torch.optim` optimizer and for a `DistributedOptimizer`: tensors are broadcast as
     tensors (in place on the root), the rest of the state dict (scalars, `None`, tuples, learning rates) as
-    one pickle. `model` is Horovod's third parameter (it builds missing state by a zero step through it);
-    accepted and not needed here, since the state arrives whole. `process_set` is hpcring's, keyword-only.
+    one pickle. `model` is Horovod's third parameter; here it only names the sparse parameters (below).
+    `process_set` is hpcring's, keyword-only.
+
+    Horovod runs a zero-gradient step on a fresh optimizer to create its state, which changes the weights
+    when weight decay is on; here weights and state stay as they are. What a script can see of that step is
+    kept: a fresh optimizer's trainable parameters without a gradient get a zero one (sparse where Horovod
+    makes it sparse), so code that reads `p.grad` right after this call works as under Horovod.
     """
-    del model
+    if not optimizer.state_dict()["state"]:
+        _zero_missing_grads(optimizer, model)
     hvd = _hvd()
     is_root = hvd.rank() == root_rank
     tensors: list[Any] = []
@@ -202,6 +208,26 @@ def broadcast_optimizer_state(
         hvd.synchronize(handle)
     if not is_root:
         optimizer.load_state_dict(_fill(skeleton, tensors))
+
+
+def _zero_missing_grads(optimizer: Any, model: Any) -> None:
+    """Zero `.grad` for trainable parameters that have none: sparse for SparseAdam, and for SGD on the
+    parameters of `model`'s sparse embeddings (Horovod's choice, so a sparse backward can accumulate)."""
+    torch = _deps.torch()
+    sparse_ids: set[int] = set()
+    if model is not None:
+        for m in model.modules():
+            if isinstance(m, torch.nn.Embedding) and m.sparse:
+                sparse_ids.update(id(p) for p in m.parameters())
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if not p.requires_grad or p.grad is not None:
+                continue
+            zero = torch.zeros_like(p, memory_format=torch.preserve_format)
+            sparse = isinstance(optimizer, torch.optim.SparseAdam) or (
+                isinstance(optimizer, torch.optim.SGD) and id(p) in sparse_ids
+            )
+            p.grad = zero.to_sparse() if sparse else zero
 
 
 def _collect_refs(value: Any, refs: list[_TensorRef]) -> None:

@@ -137,6 +137,22 @@ def test_broadcast_optimizer_state_of_fresh_and_wrapped_optimizers(hvd: ModuleTy
     assert len(dist.state) == 0  # rank 0 had no state: none is invented, and parameters are not touched
     for b, p in zip(before, model.parameters(), strict=True):
         assert torch.equal(b, p)
+        assert p.grad is not None and not p.grad.any()  # zero gradients, as Horovod's zero step leaves
+
+
+def test_broadcast_optimizer_state_leaves_zero_grads_on_trainable_parameters_only(hvd: ModuleType) -> None:
+    """Horovod's own check (test_broadcast_state_no_grad): a frozen parameter keeps no gradient; a trainable
+    one gets a zero gradient that is the same on every rank; a sparse embedding's is sparse."""
+    frozen = torch.nn.Parameter(torch.tensor([1, 3], dtype=torch.int32), requires_grad=False)
+    trained = torch.nn.Parameter(torch.rand(4))
+    opt = torch.optim.SGD([frozen, trained], lr=0.001, weight_decay=1e-6, momentum=0.9, nesterov=True)
+    opt = hvd.DistributedOptimizer(opt, named_parameters=[("a", frozen), ("b", trained)])
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    assert frozen.grad is None
+    assert trained.grad is not None and torch.equal(hvd.broadcast(trained.grad, root_rank=0), trained.grad)
+    embedding = torch.nn.Embedding(5, 2, sparse=True)
+    hvd.broadcast_optimizer_state(torch.optim.SGD(embedding.parameters(), lr=0.1), 0, model=embedding)
+    assert embedding.weight.grad is not None and embedding.weight.grad.is_sparse
 
 
 @dataclasses.dataclass
