@@ -623,13 +623,18 @@ class Engine:
         out = []
         for name in list(st.table):
             entry = st.table[name]
-            if not set(entry.sigs) | joined >= everyone:
+            sig = entry.sigs[min(entry.sigs)]
+            # An op joined ranks cannot stand in for fails at once, without waiting for the other ranks: it
+            # would fail anyway, and a rank that joined early may have fewer unnamed ops behind it, so the
+            # others' copies of this op can carry other names and would never meet (the table, and so this
+            # decision, is the same on every rank).
+            refused = bool(joined) and _join_conflicts(sig, joined)
+            if not refused and not set(entry.sigs) | joined >= everyone:
                 continue
             del st.table[name]
             error = check_agreement(entry.sigs, st.ranks)
-            sig = entry.sigs[min(entry.sigs)]
-            if error is None:
-                error = self._join_conflict(st, sig, joined - set(entry.sigs))
+            if error is None and refused:
+                error = self._join_refusal(st, sig, joined)
             out.append(Response(sig, st.announced.pop(name, None), error, None, time.monotonic()))
             self.stats["table_ready"] += 1
         if st.joined and len(joined) == st.size:
@@ -641,12 +646,10 @@ class Engine:
         return out
 
     @staticmethod
-    def _join_conflict(st: _SetState, sig: Signature, absent: set[int]) -> str | None:
-        """The error for an op that ranks `absent` (joined) cannot stand in for, raised on every rank that
-        submitted it (Horovod's rule and wording)."""
-        if not _join_conflicts(sig, absent):
-            return None
-        who = ", ".join(str(st.ranks[r]) for r in sorted(absent))
+    def _join_refusal(st: _SetState, sig: Signature, joined: set[int]) -> str:
+        """The error for an op that ranks `joined` cannot stand in for, raised on every rank that submitted
+        it (Horovod's rule and wording)."""
+        who = ", ".join(str(st.ranks[r]) for r in sorted(joined))
         hint = (
             " (DistributedOptimizer: sparse_as_dense=True reduces sparse gradients by allreduce)"
             if sig.op_type is OpType.ALLGATHER

@@ -85,6 +85,22 @@ def test_join_refuses_every_op_but_allreduce_and_barrier(hvd: ModuleType) -> Non
     assert hvd.join() == n - 1
 
 
+def test_each_rank_joining_first_in_turn_with_unnamed_refused_ops(hvd: ModuleType) -> None:
+    """Horovod's join loop (test_horovod_join_allgather): each rank in turn joins first while the others
+    call an unnamed allgather, which must fail, then join. The rank that joined first has called fewer
+    allgathers, so from 3 ranks on the others' unnamed ops carry different numbers: a refused op fails at once
+    instead of waiting for all copies to meet (it hung)."""
+    n, r = hvd.size(), hvd.rank()
+    if n == 1:
+        pytest.skip("needs a rank that joins while others submit")
+    for first in range(n):
+        if r != first:
+            with pytest.raises(hvd.HorovodInternalError, match="allgather is not supported with join"):
+                hvd.allgather(torch.ones(2, 3))
+        last = hvd.join()
+        assert last != first and hvd.allgather_object(last) == [last] * n
+
+
 @pytest.mark.parametrize("op", ["min", "max", "product"])
 def test_joined_ranks_contribute_neutral_values_unscaled(hvd: ModuleType, op: str) -> None:
     """A joined rank's identity for Min/Max/Product (bfloat16 included: it hung) is not prescaled: a scaled
