@@ -518,9 +518,8 @@ class Engine:
                     continue
             outbox.append(req)
         if st.joined:  # ops some rank has joined out of cannot complete from the cache: to the table
-            joined = set(st.joined)
             for bit, req in list(cached_wait.items()):
-                if _join_conflicts(req.sig, joined):
+                if req.sig.op_type in _NO_STAND_IN:
                     del cached_wait[bit]
                     outbox.append(req)
         # Cached requests waiting long go through the table, where the stall inspector can name missing ranks.
@@ -551,11 +550,11 @@ class Engine:
             # A joined rank agrees to every cached op it is not itself waiting on through the table, and that
             # it can stand in for (allreduces): the others go through the table on the other ranks
             # (`_intake`), where they fail on every rank that submitted them.
-            pending, me, cached = st.inflight, {st.rank}, st.cache.signature
+            pending, cached = st.inflight, st.cache.signature
             agree = [
                 b
                 for b in st.cache.bits()
-                if (sig := cached(b)).name not in pending and not _join_conflicts(sig, me)
+                if (sig := cached(b)).name not in pending and sig.op_type not in _NO_STAND_IN
             ]
             hit |= _pack_bits(agree, len(agree))
         return flags, hit, absent
@@ -628,7 +627,7 @@ class Engine:
             # would fail anyway, and a rank that joined early may have fewer unnamed ops behind it, so the
             # others' copies of this op can carry other names and would never meet (the table, and so this
             # decision, is the same on every rank).
-            refused = bool(joined) and _join_conflicts(sig, joined)
+            refused = bool(joined) and sig.op_type in _NO_STAND_IN
             if not refused and not set(entry.sigs) | joined >= everyone:
                 continue
             del st.table[name]
@@ -1209,8 +1208,8 @@ def _check_settings_agree(comm: Any, settings: EngineSettings, chunk: int, shm_s
         (SLOT_ENV, shm_slot),
     )
     every: list[tuple[tuple[str, Any], ...]] = comm.allgather(mine)
-    for i, (var, _) in enumerate(mine):
-        values = [ranks_values[i][1] for ranks_values in every]
+    for (var, _), column in zip(mine, zip(*every, strict=True), strict=True):
+        values = [value for _, value in column]
         if len(set(values)) > 1:
             per_rank = ", ".join(f"rank {r}: {v!r}" for r, v in enumerate(values))
             raise ConfigError(
@@ -1232,11 +1231,6 @@ _NO_STAND_IN = frozenset(
         OpType.REMOVE_PROCESS_SET,
     }
 )
-
-
-def _join_conflicts(sig: Signature, joined: Collection[int]) -> bool:
-    """Whether ranks `joined` (set ranks) cannot stand in for `sig`."""
-    return bool(joined) and sig.op_type in _NO_STAND_IN
 
 
 def _pack_bits(bits: Collection[int], n: int) -> int:
