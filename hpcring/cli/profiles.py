@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from hpcring.errors import ProfileError
+from hpcring.errors import ProfileError, choices
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -19,6 +19,27 @@ def register(parser: argparse.ArgumentParser) -> None:
     val.add_argument("file", nargs="+")
     schema = sub.add_parser("schema", help="print the JSON Schema of profiles (or of job files)")
     schema.add_argument("--job", action="store_true", help="the job file schema instead")
+    schema.add_argument(
+        "--schema-version",
+        type=int,
+        default=None,
+        metavar="N",
+        help="schema version to print (profiles: 1 or 2); default: the newest [env HPCRING_SCHEMA_VERSION]",
+    )
+
+
+def _schema(name: str, version: int | None) -> int:
+    from hpcring.errors import ConfigError
+    from hpcring.schedulers import validation
+    from hpcring.schedulers.options import env_default
+
+    shipped = validation.versions(name)
+    env = env_default("HPCRING_SCHEMA_VERSION", int)
+    chosen = version if version is not None else env if isinstance(env, int) else shipped[-1]
+    if chosen not in shipped:
+        raise ConfigError(f"--schema-version: no {name} schema {chosen}; allowed: {choices(shipped)}")
+    print(validation.schema_text(name, chosen), end="")
+    return 0
 
 
 def _list() -> int:
@@ -53,7 +74,7 @@ def _validate(files: list[str]) -> int:
 
 
 def main(args: argparse.Namespace) -> int:
-    from hpcring.schedulers import profile, validation
+    from hpcring.schedulers import profile
 
     if args.action == "list":
         return _list()
@@ -62,5 +83,4 @@ def main(args: argparse.Namespace) -> int:
         return 0
     if args.action == "validate":
         return _validate(args.file)
-    print(validation.schema_text("job" if args.job else "profile"), end="")
-    return 0
+    return _schema("job" if args.job else "profile", args.schema_version)

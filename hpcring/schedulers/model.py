@@ -16,8 +16,16 @@ ThreadNumbering = Literal["compact", "scatter"]
 INTERCONNECTS: tuple[str, ...] = ("infiniband", "roce", "slingshot", "ethernet")
 VISIBILITIES: tuple[str, ...] = ("isolated", "shared")
 THREAD_NUMBERINGS: tuple[str, ...] = ("compact", "scatter")
-SCHEDULERS: tuple[str, ...] = ("slurm", "lsf")
-LAUNCHERS: tuple[str, ...] = ("srun", "jsrun", "mpirun")
+SCHEDULERS: tuple[str, ...] = ("slurm", "lsf", "pbs", "flux")
+LAUNCHERS: tuple[str, ...] = ("srun", "jsrun", "mpirun", "mpiexec", "flux")
+# Which launchers can start ranks under which scheduler: mpirun wherever Open MPI has a plugin for the
+# scheduler's own start-up (Slurm, LSF, PBS TM); Flux starts MPI jobs through `flux run` and its PMI.
+LAUNCHERS_OF: dict[str, tuple[str, ...]] = {
+    "slurm": ("srun", "mpirun"),
+    "lsf": ("jsrun", "mpirun"),
+    "pbs": ("mpiexec", "mpirun"),
+    "flux": ("flux",),
+}
 RUNTIMES: tuple[str, ...] = ("singularity", "apptainer")
 GPU_VENDORS: tuple[str, ...] = ("nvidia", "amd")
 
@@ -185,6 +193,16 @@ class LsfOptions:
 
 
 @dataclass(frozen=True)
+class PbsOptions:
+    """PBS Pro / OpenPBS specifics (`site.pbs`, schema v2); filled in with the PBS scheduler module."""
+
+
+@dataclass(frozen=True)
+class FluxOptions:
+    """Flux specifics (`site.flux`, schema v2); filled in with the Flux scheduler module."""
+
+
+@dataclass(frozen=True)
 class Site:
     """Everything about a site that is not the node: scheduler, launcher, limits, software environment."""
 
@@ -202,6 +220,8 @@ class Site:
     container: Container | None
     slurm: SlurmOptions = field(default_factory=SlurmOptions)
     lsf: LsfOptions = field(default_factory=LsfOptions)
+    pbs: PbsOptions = field(default_factory=PbsOptions)
+    flux: FluxOptions = field(default_factory=FluxOptions)
 
     def partition(self, name: str | None) -> Partition | None:
         """The named partition, else the default one, else the first; None when the site lists none."""

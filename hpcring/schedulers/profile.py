@@ -20,12 +20,15 @@ import yaml
 from hpcring.errors import ProfileError, choices
 from hpcring.schedulers import containers, cpuset, walltime
 from hpcring.schedulers.model import (
+    LAUNCHERS_OF,
+    FluxOptions,
     Gpu,
     LsfOptions,
     Nic,
     Node,
     NumaDomain,
     Partition,
+    PbsOptions,
     Profile,
     Site,
     SlurmOptions,
@@ -213,7 +216,7 @@ def _site(d: Mapping[str, Any], node: Node, where: str) -> Site:
         return ProfileError(f"{where}: site.{path}: {msg}")
 
     sched, launcher = d["scheduler"], d["launcher"]
-    allowed = {"slurm": ("srun", "mpirun"), "lsf": ("jsrun", "mpirun")}[sched]
+    allowed = LAUNCHERS_OF[sched]
     if launcher not in allowed:
         raise err("launcher", f"{launcher!r} cannot launch under {sched}; allowed: {choices(allowed)}")
     smt = d.get("smt", 1)
@@ -227,10 +230,9 @@ def _site(d: Mapping[str, Any], node: Node, where: str) -> Site:
         raise err("partitions", "at most one partition may be the default")
     container = containers.from_profile(d.get("container"), d.get("mpi", "openmpi"), where)
     s, lsf = d.get("slurm", {}), d.get("lsf", {})
-    if s and sched != "slurm":
-        raise err("slurm", f"Slurm options given but the scheduler is {sched!r}")
-    if lsf and sched != "lsf":
-        raise err("lsf", f"LSF options given but the scheduler is {sched!r}")
+    for section in ("slurm", "lsf", "pbs", "flux"):
+        if section in d and d[section] and sched != section:
+            raise err(section, f"{section} options given but the scheduler is {sched!r}")
     if s.get("core_spec", 0) > node.cores:
         raise err("slurm.core_spec", f"{s['core_spec']} exceeds the node's {node.cores} cores")
     env = tuple((k, _env_str(v)) for k, v in (d.get("env") or {}).items())
@@ -260,6 +262,8 @@ def _site(d: Mapping[str, Any], node: Node, where: str) -> Site:
             launch_node=lsf.get("launch_node", False),
             extra_directives=tuple(lsf.get("extra_directives", [])),
         ),
+        pbs=PbsOptions(),
+        flux=FluxOptions(),
     )
 
 

@@ -18,16 +18,50 @@ SCHEMA_PACKAGE = "hpcring.schedulers"
 
 
 @cache
-def load_schema(name: str) -> dict[str, Any]:
-    """A schema shipped as package data (`schema/<name>.v1.schema.json`)."""
-    text = resources.files(SCHEMA_PACKAGE).joinpath("schema", f"{name}.v1.schema.json").read_text("utf-8")
-    data: dict[str, Any] = json.loads(text)
+def versions(name: str) -> tuple[int, ...]:
+    """Schema versions shipped for `name` (`schema/<name>.v<N>.schema.json`), oldest first."""
+    prefix, suffix = f"{name}.v", ".schema.json"
+    found = []
+    for f in resources.files(SCHEMA_PACKAGE).joinpath("schema").iterdir():
+        middle = f.name[len(prefix) : -len(suffix)]
+        if f.name.startswith(prefix) and f.name.endswith(suffix) and middle.isdigit():
+            found.append(int(middle))
+    return tuple(sorted(found))
+
+
+def latest(name: str) -> int:
+    """The newest shipped version of a schema (what new files and `profiles init` use)."""
+    return versions(name)[-1]
+
+
+@cache
+def load_schema(name: str, version: int = 1) -> dict[str, Any]:
+    """A schema shipped as package data (`schema/<name>.v<version>.schema.json`)."""
+    data: dict[str, Any] = json.loads(schema_text(name, version))
     return data
 
 
-def schema_text(name: str) -> str:
+def schema_text(name: str, version: int = 1) -> str:
     """The schema file's text, as published for editors."""
-    return resources.files(SCHEMA_PACKAGE).joinpath("schema", f"{name}.v1.schema.json").read_text("utf-8")
+    if version not in versions(name):
+        raise ValueError(f"no {name} schema version {version}; shipped: {choices(versions(name))}")
+    path = resources.files(SCHEMA_PACKAGE).joinpath("schema", f"{name}.v{version}.schema.json")
+    return path.read_text("utf-8")
+
+
+def pick_version(data: object, name: str, where: str, error: Callable[[str], Exception]) -> int:
+    """The schema version a document asks for with `schema_version` (v1 documents stay v1).
+
+    A document without one is checked against the newest schema, which then reports the missing key; a version
+    this hpcring does not ship is refused, naming the ones it does.
+    """
+    shipped = versions(name)
+    if not isinstance(data, dict) or "schema_version" not in data:
+        return shipped[-1]
+    asked = data["schema_version"]
+    if type(asked) is int and asked in shipped:
+        return asked
+    raise error(f"{where}: schema_version: {asked!r} is not allowed; allowed: {choices(shipped)}")
 
 
 def yaml_path(parts: Iterable[object]) -> str:
@@ -80,7 +114,7 @@ def validate(data: object, schema_name: str, where: str, error: Callable[[str], 
     """Validate `data` against a shipped schema; raise `error(message)` for the first (deepest) problem."""
     import jsonschema  # light, but only needed here
 
-    schema = load_schema(schema_name)
+    schema = load_schema(schema_name, pick_version(data, schema_name, where, error))
     validator = jsonschema.Draft202012Validator(schema)
     errors = sorted(
         validator.iter_errors(data), key=lambda e: (-len(e.absolute_path), yaml_path(e.absolute_path))

@@ -70,8 +70,10 @@ def test_perlmutter_facts() -> None:
 
 def test_published_schema_is_the_shipped_one() -> None:
     for name in ("profile", "job"):
-        published = json.loads((ROOT / "schemas" / f"{name}.v1.schema.json").read_text())
-        assert published == validation.load_schema(name)
+        for version in validation.versions(name):
+            published = json.loads((ROOT / "schemas" / f"{name}.v{version}.schema.json").read_text())
+            assert published == validation.load_schema(name, version)
+    assert validation.versions("profile") == (1, 2)
 
 
 def _mutate(data: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
@@ -122,7 +124,7 @@ BAD = [
         ["site.container.runtime", "'docker'", "'singularity' or 'apptainer'"],
     ),
     ("site.slurm.gpu_bind", "nearest", ["site.slurm.gpu_bind", "'map', 'closest' or 'none'"]),
-    ("schema_version", 2, ["schema_version", "2 is not allowed", "allowed: 1"]),
+    ("schema_version", 3, ["schema_version", "3 is not allowed", "allowed: 1 or 2"]),
     ("node", ..., ["(top level)", "missing 'node'"]),
 ]
 
@@ -181,7 +183,16 @@ def test_cli_list_show_schema() -> None:
     show = cli("profiles", "show", "frontier")
     assert show.stdout == profile.source_of("frontier")[1]
     schema = cli("profiles", "schema")
-    assert json.loads(schema.stdout) == validation.load_schema("profile")
+    assert json.loads(schema.stdout) == validation.load_schema("profile", 2)
+    for version in (1, 2):
+        old = cli("profiles", "schema", "--schema-version", str(version))
+        assert json.loads(old.stdout) == validation.load_schema("profile", version)
+    env = cli("profiles", "schema", env={"HPCRING_SCHEMA_VERSION": "1"})
+    assert json.loads(env.stdout) == validation.load_schema("profile", 1)
+    bad = cli("profiles", "schema", "--schema-version", "7")
+    assert bad.returncode == 2 and "allowed: 1 or 2" in bad.stderr and "Traceback" not in bad.stderr
+    job = cli("profiles", "schema", "--job")
+    assert json.loads(job.stdout) == validation.load_schema("job", 1)
     unknown = cli("profiles", "show", "nosuch")
     assert (
         unknown.returncode == 2
