@@ -59,17 +59,37 @@ def source_of(name_or_path: str) -> tuple[str, str]:
         return "local (detected)", detect_yaml()
     path = Path(name_or_path)
     if name_or_path.endswith((".yaml", ".yml")) or os.sep in name_or_path:
-        if not path.is_file():
-            raise ProfileError(f"profile file {name_or_path!r} does not exist")
-        return str(path), path.read_text("utf-8")
+        return str(path), read_text(path)
     for d in _search_path():
         candidate = d / f"{name_or_path}.yaml"
         if candidate.is_file():
-            return str(candidate), candidate.read_text("utf-8")
+            return str(candidate), read_text(candidate)
     res = resources.files("hpcring.schedulers").joinpath("profiles", f"{name_or_path}.yaml")
     if res.is_file():
         return f"{name_or_path} (built-in)", res.read_text("utf-8")
+    if path.is_dir():
+        raise ProfileError(f"profile file {name_or_path!r} is a directory, not a file")
     raise ProfileError(f"unknown profile {name_or_path!r}; built-in profiles: {choices(builtin_names())}")
+
+
+def read_text(path: Path) -> str:
+    """A profile file's text, or one ProfileError line saying why it cannot be read (never a traceback)."""
+    if path.is_dir():
+        raise ProfileError(f"profile file {str(path)!r} is a directory, not a file")
+    if not path.exists():
+        raise ProfileError(f"profile file {str(path)!r} does not exist")
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ProfileError(f"profile file {str(path)!r} cannot be read: {exc.strerror or exc}") from exc
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        bad = data[exc.start : exc.start + 1].hex()
+        raise ProfileError(
+            f"profile file {str(path)!r} is not UTF-8 text: byte 0x{bad} at offset {exc.start}; "
+            "save it as UTF-8"
+        ) from exc
 
 
 def load(name_or_path: str) -> Profile:
