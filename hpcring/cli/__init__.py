@@ -1,7 +1,8 @@
-"""`hpcring` command line: one small module per subcommand, imported only when that subcommand runs.
+"""hpcring: run a PyTorch script on many ranks the Horovod way, and write the batch scripts that place them.
 
-Each subcommand module defines `register(sub)` (adds its argparse parser) and `main(args) -> int`.
-Errors derived from `HpcringError` are printed without a traceback; bad input exits 2.
+Each subcommand lives in its own module (`register(parser)` adds its flags, `main(args) -> int` runs it),
+imported only when that subcommand runs, so `hpcring profiles` on a login node never loads MPI or torch.
+Errors derived from `HpcringError` are printed as one line without a traceback; bad input exits 2.
 """
 
 from __future__ import annotations
@@ -9,33 +10,129 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import textwrap
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from hpcring import __version__
 from hpcring.errors import ConfigError, HpcringError, JobShapeError, ProfileError
 
-# name -> (module, one-line help). Modules are imported lazily: `hpcring profiles` never imports MPI or torch.
-SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "run": ("hpcring.cli.run", "launch a multi-rank job on this machine or the given hosts"),
-    "doctor": ("hpcring.cli.doctor", "report MPI, torch, NCCL, GPUs and this host's topology"),
-    "bench": ("hpcring.cli.bench", "benchmark collectives against raw MPI"),
-    "profiles": ("hpcring.cli.profiles", "list, show and validate cluster profiles"),
-    "map": ("hpcring.cli.map", "compute the per-rank CPU/GPU/NIC mapping of a job"),
-    "render": ("hpcring.cli.render", "render a Slurm or LSF job script"),
-    "submit": ("hpcring.cli.submit", "render and submit a job script"),
+DESCRIPTION = (
+    "Run a PyTorch script on many ranks with a Horovod-compatible API (import hpcring.torch as hvd), "
+    "and write batch job scripts whose per-rank CPU, GPU and NIC bindings come from the cluster's topology."
+)
+
+
+@dataclass(frozen=True)
+class Subcommand:
+    """A subcommand as a user meets it in `--help`: what it does in one line, and commands to copy."""
+
+    module: str
+    summary: str
+    examples: tuple[str, ...]
+
+
+# Modules are imported lazily: only the chosen subcommand's module is imported.
+SUBCOMMANDS: dict[str, Subcommand] = {
+    "run": Subcommand(
+        "hpcring.cli.run",
+        "launch a multi-rank job on this machine or the given hosts",
+        (
+            "hpcring run -np 4 -- python train.py",
+            "hpcring run -np 8 -H node1:4,node2:4 -- python train.py",
+            "hpcring run -np 2 --dry-run -- python train.py",
+        ),
+    ),
+    "doctor": Subcommand(
+        "hpcring.cli.doctor",
+        "report MPI, torch, NCCL, GPUs and this host's topology, and how to fix what is missing",
+        ("hpcring doctor", "hpcring doctor --json --strict"),
+    ),
+    "bench": Subcommand(
+        "hpcring.cli.bench",
+        "benchmark collectives against raw MPI (run it under hpcring run, srun or mpiexec)",
+        (
+            "hpcring run -np 4 -- python -m hpcring bench allreduce -b 8 -e 64M -f 4",
+            "hpcring bench allreduce -e 1M",
+        ),
+    ),
+    "profiles": Subcommand(
+        "hpcring.cli.profiles",
+        "list, show and validate cluster profiles",
+        ("hpcring profiles list", "hpcring profiles show frontier", "hpcring profiles validate mysite.yaml"),
+    ),
+    "map": Subcommand(
+        "hpcring.cli.map",
+        "show which node, CPUs, GPUs and NIC each rank of a job gets",
+        ("hpcring map --profile frontier --nodes 2", "hpcring map --profile summit --nodes 1 --format erf"),
+    ),
+    "render": Subcommand(
+        "hpcring.cli.render",
+        "write a batch job script for a cluster profile",
+        (
+            "hpcring render --profile frontier --nodes 2 -- python train.py",
+            "hpcring render --profile perlmutter-gpu --nodes 4 --time 02:00:00 -o job.sh -- python train.py",
+        ),
+    ),
+    "submit": Subcommand(
+        "hpcring.cli.submit",
+        "write a batch job script and submit it (sbatch, bsub, ...)",
+        (
+            "hpcring submit --profile frontier --nodes 2 --dry-run -- python train.py",
+            "hpcring submit --profile frontier --nodes 2 --wait -- python train.py",
+        ),
+    ),
 }
 
-_USAGE_ERRORS = (ConfigError, ProfileError, JobShapeError)
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Wraps prose to the terminal and keeps indented lines (the examples) exactly as written."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        lines = [
+            indent + line
+            if not line or line.startswith("  ")
+            else textwrap.fill(line, width, initial_indent=indent, subsequent_indent=indent)
+            for line in text.splitlines()
+        ]
+        return "\n".join(lines)
+
+
+def _epilog(examples: Sequence[str]) -> str:
+    return "examples:\n" + "\n".join(f"  {e}" for e in examples)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hpcring", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = argparse.ArgumentParser(
+        prog="hpcring",
+        description=DESCRIPTION,
+        epilog=_epilog([*SUBCOMMANDS["run"].examples[:1], *SUBCOMMANDS["render"].examples[:1]])
+        + "\n\n'hpcring COMMAND --help' tells more about each command.",
+        formatter_class=HelpFormatter,
+    )
     parser.add_argument("--version", action="version", version=f"hpcring {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, (_module, help_text) in SUBCOMMANDS.items():
+    for name, command in SUBCOMMANDS.items():
         # Parsers are registered lazily: only the chosen subcommand's module is imported.
-        sub.add_parser(name, help=help_text, add_help=False)
+        sub.add_parser(name, help=command.summary, add_help=False)
     return parser
+
+
+def subcommand_parser(name: str) -> argparse.ArgumentParser:
+    """The full parser of one subcommand (imports its module)."""
+    command = SUBCOMMANDS[name]
+    module = importlib.import_module(command.module)
+    parser = argparse.ArgumentParser(
+        prog=f"hpcring {name}",
+        description=command.summary[0].upper() + command.summary[1:] + ".",
+        epilog=_epilog(command.examples),
+        formatter_class=HelpFormatter,
+    )
+    module.register(parser)
+    return parser
+
+
+_USAGE_ERRORS = (ConfigError, ProfileError, JobShapeError)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -46,10 +143,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     name = argv[0]
-    module = importlib.import_module(SUBCOMMANDS[name][0])
-    sub_parser = argparse.ArgumentParser(prog=f"hpcring {name}", description=SUBCOMMANDS[name][1])
-    module.register(sub_parser)
-    args = sub_parser.parse_args(argv[1:])
+    module = importlib.import_module(SUBCOMMANDS[name].module)
+    args = subcommand_parser(name).parse_args(argv[1:])
     try:
         return int(module.main(args))
     except _USAGE_ERRORS as exc:

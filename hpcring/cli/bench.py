@@ -11,6 +11,7 @@ import os
 import sys
 from pathlib import Path
 
+from hpcring.cli import HelpFormatter
 from hpcring.errors import ConfigError
 
 
@@ -22,7 +23,16 @@ def register(parser: argparse.ArgumentParser) -> None:
     """Add the `allreduce` benchmark and its flags."""
     sub = parser.add_subparsers(dest="benchmark", metavar="BENCHMARK")
     sub.required = True
-    ar = sub.add_parser("allreduce", help="allreduce sweep: hpcring algorithms vs raw mpi4py Allreduce")
+    ar = sub.add_parser(
+        "allreduce",
+        help="allreduce sweep: hpcring algorithms vs raw mpi4py Allreduce",
+        description="Time allreduce from --minbytes to --maxbytes on every rank of the job, with each "
+        "hpcring algorithm and with raw mpi4py Allreduce, and print an nccl-tests style table (algbw, "
+        "busbw, ratio to raw MPI). Every flag also reads HPCRING_BENCH_<FLAG>.",
+        epilog="examples:\n  hpcring run -np 4 -- python -m hpcring bench allreduce -b 8 -e 64M -f 4\n"
+        "  hpcring bench allreduce -a native,ring -d float32,bfloat16 --json out.json",
+        formatter_class=HelpFormatter,
+    )
     ar.add_argument("-b", "--minbytes", default=_env("MINBYTES", "8"), help="smallest size (K/M/G suffix)")
     ar.add_argument("-e", "--maxbytes", default=_env("MAXBYTES", "64M"), help="largest size (K/M/G suffix)")
     ar.add_argument(
