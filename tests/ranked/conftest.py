@@ -7,10 +7,21 @@ and engine suites also run in the MPICH environment, which has no torch) load th
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
+from pathlib import Path
 from types import ModuleType
 
 import pytest
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Each rank's temporary files go under the launching test's own tmp_path (HPCRING_TEST_BASETEMP, set
+    by the `hpcring_run` fixture), one folder per rank: nothing is left in the system temp folder."""
+    base = os.environ.get("HPCRING_TEST_BASETEMP")
+    if base and config.option.basetemp is None:
+        Path(base).mkdir(parents=True, exist_ok=True)  # pytest creates the rank's folder, not its parents
+        config.option.basetemp = str(Path(base) / f"rank{os.environ.get('HPCRING_RANK', '0')}")
 
 
 @pytest.fixture(scope="session")
@@ -33,3 +44,10 @@ def comm() -> object:
     from mpi4py import MPI
 
     return MPI.COMM_WORLD
+
+
+@pytest.fixture
+def shared_tmp(tmp_path: Path, comm: object) -> Path:
+    """Rank 0's tmp_path, the same folder on every rank (files a collective writes on one rank, read on
+    another; the ranks of a test share a file system)."""
+    return Path(comm.bcast(str(tmp_path) if comm.Get_rank() == 0 else None))  # type: ignore[attr-defined]

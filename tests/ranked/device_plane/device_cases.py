@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -69,10 +68,11 @@ STAGES = ("INTRA_REDUCE_SCATTER", "CROSS_ALLREDUCE", "INTRA_ALLGATHER")
 TRACKS = {"INTRA_REDUCE_SCATTER": 1, "CROSS_ALLREDUCE": 2, "INTRA_ALLGATHER": 3}
 
 
-def record(hvd: Any, comm: Any, name: str, work: Any) -> list[dict[str, Any]] | None:
-    """Run `work()` with a run-time timeline; rank 0 returns the parsed events (None elsewhere)."""
+def record(hvd: Any, comm: Any, folder: Path, name: str, work: Any) -> list[dict[str, Any]] | None:
+    """Run `work()` with a run-time timeline written to `folder` (the same on every rank: `shared_tmp`);
+    rank 0 returns the parsed events (None elsewhere)."""
     r = hvd.rank()
-    path = Path(comm.bcast(tempfile.mkdtemp(prefix="hpcring-dtl-") if r == 0 else None)) / f"{name}.json"
+    path = folder / f"{name}.json"
     hvd.start_timeline(str(path))
     work()
     hvd.stop_timeline()

@@ -3,6 +3,7 @@ nodes with the hierarchical allreduce forced the three stages nested inside each
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -10,7 +11,7 @@ import torch
 from device_cases import DEVICE, STAGES, check_stages_nested, hierarchical_forced, record, spans
 
 
-def test_device_timeline(hvd: ModuleType, comm: Any) -> None:
+def test_device_timeline(hvd: ModuleType, comm: Any, shared_tmp: Path) -> None:
     n, r = hvd.size(), hvd.rank()
 
     def work() -> None:
@@ -20,7 +21,7 @@ def test_device_timeline(hvd: ModuleType, comm: Any) -> None:
         assert y[0].item() == n
         hvd.allgather(torch.ones(2, device=DEVICE), name="dtl.gather")
 
-    events = record(hvd, comm, "device", work)
+    events = record(hvd, comm, shared_tmp, "device", work)
     if events is None:
         return
     names = {e["name"] for e in events}

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -89,7 +90,7 @@ def test_cross_node_stage_through_the_device_backend(hvd: ModuleType) -> None:
         reinit(hvd, HPCRING_DEVICE_CROSS=launch)
 
 
-def test_host_hierarchical_stages_in_the_timeline(hvd: ModuleType, comm: Any) -> None:
+def test_host_hierarchical_stages_in_the_timeline(hvd: ModuleType, comm: Any, shared_tmp: Path) -> None:
     """The numpy path: small buffers run the stages one after another, large ones pipelined over 2 MiB
     segments, where the stages overlap (each on its own track, so the trace stays valid)."""
     if not hierarchical_forced():
@@ -107,7 +108,7 @@ def test_host_hierarchical_stages_in_the_timeline(hvd: ModuleType, comm: Any) ->
 
     try:
         reinit(hvd, HPCRING_CPU_DEVICE_PLANE="off")
-        events = record(hvd, comm, "host", work)
+        events = record(hvd, comm, shared_tmp, "host", work)
         assert plane_stats()["batches"] == 0
     finally:
         reinit(hvd, HPCRING_CPU_DEVICE_PLANE=launch)

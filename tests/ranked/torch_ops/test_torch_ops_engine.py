@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -207,9 +206,9 @@ def test_user_mpi4py_calls_interleaved(hvd: ModuleType, comm: Any) -> None:
             assert hvd.synchronize(h)[0].item() == n * (n - 1) // 2
 
 
-def test_timeline_at_run_time(hvd: ModuleType, comm: Any) -> None:
+def test_timeline_at_run_time(hvd: ModuleType, comm: Any, shared_tmp: Path) -> None:
     r = hvd.rank()
-    path = Path(comm.bcast(tempfile.mkdtemp(prefix="hpcring-tl-") if r == 0 else None)) / "timeline.json"
+    path = shared_tmp / "timeline.json"
     hvd.start_timeline(str(path), mark_cycles=True)
     for step in range(2):
         hvd.synchronize(hvd.grouped_allreduce_async([torch.ones(256) for _ in range(4)], name="tl"))  # fused
