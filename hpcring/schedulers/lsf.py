@@ -16,6 +16,7 @@ class Lsf(Scheduler):
     name = "lsf"
     directive_prefix = "#BSUB"
     template = "lsf/job.sh.j2"
+    job_id_var = "LSB_JOBID"
 
     def directives(self, rm: RankMap, job: JobSpec, account: str | None) -> list[Directive]:
         shape, site = rm.shape, rm.profile.site

@@ -194,12 +194,26 @@ class LsfOptions:
 
 @dataclass(frozen=True)
 class PbsOptions:
-    """PBS Pro / OpenPBS specifics (`site.pbs`, schema v2); filled in with the PBS scheduler module."""
+    """PBS Pro / OpenPBS specifics (`site.pbs`, schema v2): the chunk request and the site's `mpiexec`."""
+
+    mpiexec: str | None = None  # "pals" (Cray) or "hydra" (MPICH); None: pals with cray-mpich, else hydra
+    place: str = "scatter"  # -l place=...: one chunk per node
+    filesystems: tuple[str, ...] = ()  # -l filesystems=a:b (ALCF requires it)
+    ncpus: int | None = None  # ncpus of a chunk; None: every hardware thread of the node
+    select: tuple[tuple[str, str], ...] = ()  # extra chunk resources, e.g. system=polaris
+    keep: str | None = None  # -k (e.g. "doe": write output straight to its final place)
+    extra_directives: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
 class FluxOptions:
-    """Flux specifics (`site.flux`, schema v2); filled in with the Flux scheduler module."""
+    """Flux specifics (`site.flux`, schema v2): exclusive nodes, job attributes, how `flux run` binds."""
+
+    exclusive: bool = True  # --exclusive on `flux batch` and `flux run`: whole nodes
+    setattr: tuple[tuple[str, str], ...] = ()  # --setattr=KEY=VALUE job attributes
+    cpu_affinity: str = "per-task"  # -o cpu-affinity=...
+    gpu_affinity: str = "per-task"  # -o gpu-affinity=...
+    extra_directives: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

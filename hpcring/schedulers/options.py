@@ -158,7 +158,7 @@ def add_script_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--launcher",
         default=env_default("HPCRING_LAUNCHER"),
-        choices=("srun", "jsrun", "mpirun"),
+        choices=("srun", "jsrun", "mpirun", "mpiexec", "flux"),
         help="override the profile's launcher [HPCRING_LAUNCHER]",
     )
     g.add_argument(

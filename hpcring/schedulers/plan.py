@@ -2,7 +2,8 @@
 
 Templates only format a Plan, so tests can check a Plan's numbers directly and a template cannot get one
 wrong.
-Schedulers (`slurm`, `lsf`) and launchers (`srun`, `jsrun`, `mpirun`) are small classes registered by name.
+Schedulers (`slurm`, `lsf`, `pbs`, `flux`) and launchers (`srun`, `jsrun`, `mpirun`, `mpiexec`, `flux`) are
+small classes registered by name.
 """
 
 from __future__ import annotations
@@ -91,6 +92,9 @@ class Launcher(ABC):
     """Turns a RankMap into the argv that starts every rank of one step, plus the files it reads."""
 
     name: ClassVar[str]
+    # Suffixes of files every node reads (a per-rank wrapper), not only the launcher on the first node:
+    # written inline, they go to the job's working directory (shared) instead of the first node's $TMPDIR.
+    node_files: ClassVar[frozenset[str]] = frozenset()
 
     def files(self, rm: RankMap) -> dict[str, str]:
         """suffix -> content of files this launcher needs (default: none)."""
@@ -111,6 +115,7 @@ class Scheduler(ABC):
     name: ClassVar[str]
     directive_prefix: ClassVar[str]
     template: ClassVar[str]
+    job_id_var: ClassVar[str]  # variable holding the job id at run time (used in inline file names)
 
     @abstractmethod
     def directives(self, rm: RankMap, job: JobSpec, account: str | None) -> list[Directive]:
@@ -123,10 +128,6 @@ class Scheduler(ABC):
     @abstractmethod
     def submit_argv(self) -> list[str]:
         """Submit command; the script path is appended."""
-
-    def job_id_var(self) -> str:
-        """Variable holding the job id at run time (used in inline file names)."""
-        return "SLURM_JOB_ID" if self.name == "slurm" else "LSB_JOBID"
 
 
 LAUNCHERS: dict[str, type[Launcher]] = {}
@@ -147,8 +148,8 @@ def register_scheduler(cls: _S) -> _S:
 
 def _load_registries() -> None:
     """Import the built-in launcher and scheduler modules (they register themselves)."""
-    from hpcring.schedulers import lsf, slurm  # noqa: F401
-    from hpcring.schedulers.launchers import jsrun, mpirun, srun  # noqa: F401
+    from hpcring.schedulers import flux, lsf, pbs, slurm  # noqa: F401
+    from hpcring.schedulers.launchers import flux_run, jsrun, mpiexec, mpirun, srun  # noqa: F401
 
 
 def launcher(name: str) -> Launcher:
@@ -238,7 +239,8 @@ def build(
         if path is not None:
             check_line_safe(path, "file path")
         paths[suffix] = Raw(f'"${var}"')
-        files.append(ExtraFile(var, suffix, content, path, path or inline_path(sched.name, suffix)))
+        where = shared_inline_path if suffix in launch.node_files else inline_path
+        files.append(ExtraFile(var, suffix, content, path, path or where(sched.job_id_var, suffix)))
     ctr = containers.plan(profile, job.image, job.binds, rm.shape.gpus_per_rank > 0)
     steps = []
     for i, step in enumerate(job.steps, 1):
@@ -269,7 +271,11 @@ def build(
     )
 
 
-def inline_path(sched_name: str, suffix: str) -> Raw:
-    """Run-time path of an inline file: per job, under $TMPDIR."""
-    job_var = "SLURM_JOB_ID" if sched_name == "slurm" else "LSB_JOBID"
+def shared_inline_path(job_var: str, suffix: str) -> Raw:
+    """Run-time path of an inline file every node reads: per job, in the job's working directory."""
+    return Raw(f'"$PWD/.hpcring-${{{job_var}:-$$}}.{suffix}"')
+
+
+def inline_path(job_var: str, suffix: str) -> Raw:
+    """Run-time path of an inline file: per job (the scheduler's job id variable), under $TMPDIR."""
     return Raw(f'"${{TMPDIR:-/tmp}}/hpcring-${{{job_var}:-$$}}.{suffix}"')

@@ -18,17 +18,15 @@ from typing import Any
 import yaml
 
 from hpcring.errors import ProfileError, choices
-from hpcring.schedulers import containers, cpuset, walltime
+from hpcring.schedulers import containers, cpuset, site_options, walltime
 from hpcring.schedulers.model import (
     LAUNCHERS_OF,
-    FluxOptions,
     Gpu,
     LsfOptions,
     Nic,
     Node,
     NumaDomain,
     Partition,
-    PbsOptions,
     Profile,
     Site,
     SlurmOptions,
@@ -282,8 +280,8 @@ def _site(d: Mapping[str, Any], node: Node, where: str) -> Site:
             launch_node=lsf.get("launch_node", False),
             extra_directives=tuple(lsf.get("extra_directives", [])),
         ),
-        pbs=PbsOptions(),
-        flux=FluxOptions(),
+        pbs=site_options.pbs(d.get("pbs") or {}, d.get("mpi", "openmpi"), where),
+        flux=site_options.flux(d.get("flux") or {}),
     )
 
 

@@ -18,7 +18,7 @@ from hpcring.errors import HpcringError
 from hpcring.schedulers import shell
 from hpcring.schedulers.plan import Directive, Plan
 
-TEMPLATE_DIRS = ("slurm", "lsf", "singularity")
+TEMPLATE_DIRS = ("slurm", "lsf", "pbs", "flux", "singularity")
 _HEREDOC = "HPCRING_EOF"
 
 
@@ -61,6 +61,7 @@ def environment() -> jinja2.Environment:
     )
     env.filters["q"] = shell.quote
     env.filters["shjoin"] = shell.join
+    env.filters["export"] = shell.export
     env.filters["directive"] = _directive
     env.filters["heredoc"] = _heredoc
     env.filters["comment"] = _comment

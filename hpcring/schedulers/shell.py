@@ -35,6 +35,22 @@ def join(words: Iterable[object]) -> str:
     return " ".join(quote(w) for w in words)
 
 
+def export(name: str, value: object) -> str:
+    """Set and export one variable of the job's environment.
+
+    A literal value is exported where it is assigned (`export NAME='it'"'"'s'`): assigned first and exported
+    later, a value holding a quote or backslash makes shellcheck warn (SC2089 at the assignment, SC2090 at
+    the `export`) that the quotes would be literal if the variable were expanded as a command, which the
+    script never does, yet the warning is right about the shape. A `Raw` command substitution stays assigned
+    first and exported after (`export NAME="$(cmd)"` would hide cmd's failure from `set -e`, SC2155).
+    """
+    if not name.isidentifier() or not name.isascii():
+        raise ConfigError(f"environment variable name {name!r} is not valid; use letters, digits and '_'")
+    if isinstance(value, Raw):
+        return f"{name}={value}\nexport {name}"
+    return f"export {name}={quote(value)}"
+
+
 _LINE_BREAKS = {
     "\n": "a newline",
     "\r": "a carriage return",

@@ -21,6 +21,7 @@ class Slurm(Scheduler):
     name = "slurm"
     directive_prefix = "#SBATCH"
     template = "slurm/job.sh.j2"
+    job_id_var = "SLURM_JOB_ID"
 
     def directives(self, rm: RankMap, job: JobSpec, account: str | None) -> list[Directive]:
         shape, site, node = rm.shape, rm.profile.site, rm.profile.node

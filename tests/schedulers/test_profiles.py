@@ -16,7 +16,15 @@ from hpcring.errors import ProfileError
 from hpcring.schedulers import local, profile, validation
 
 ROOT = Path(__file__).resolve().parents[2]
-BUILTIN = ["frontier", "summit", "perlmutter-gpu", "generic-slurm-gpu", "generic-lsf"]
+BUILTIN = [
+    "frontier",
+    "summit",
+    "perlmutter-gpu",
+    "generic-slurm-gpu",
+    "generic-lsf",
+    "generic-pbs",
+    "generic-flux",
+]
 
 
 def builtin_data(name: str) -> dict[str, Any]:

@@ -23,16 +23,16 @@ module load rocm
 module load craype-accel-amd-gfx90a
 
 # Environment: interconnect defaults, rendezvous, site, job.
-FI_PROVIDER=cxi
-NCCL_SOCKET_IFNAME=hsn
-NCCL_NET_GDR_LEVEL=PHB
-NCCL_CROSS_NIC=1
+export FI_PROVIDER=cxi
+export NCCL_SOCKET_IFNAME=hsn
+export NCCL_NET_GDR_LEVEL=PHB
+export NCCL_CROSS_NIC=1
 MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)"
-MASTER_PORT=29500
-HPCRING_JOB_NAME=hpcring
-HPCRING_PROFILE=frontier
-MPICH_GPU_SUPPORT_ENABLED=1
-export FI_PROVIDER NCCL_SOCKET_IFNAME NCCL_NET_GDR_LEVEL NCCL_CROSS_NIC MASTER_ADDR MASTER_PORT HPCRING_JOB_NAME HPCRING_PROFILE MPICH_GPU_SUPPORT_ENABLED
+export MASTER_ADDR
+export MASTER_PORT=29500
+export HPCRING_JOB_NAME=hpcring
+export HPCRING_PROFILE=frontier
+export MPICH_GPU_SUPPORT_ENABLED=1
 
 # Steps run one after another; each launcher call returns only when all its ranks have ended (a barrier across
 # every node), and the first failing step ends the job with its exit code.

@@ -14,10 +14,10 @@ set -euo pipefail
 
 # Environment: interconnect defaults, rendezvous, site, job.
 MASTER_ADDR="$(head -n 1 "$LSB_DJOB_HOSTFILE")"
-MASTER_PORT=29500
-HPCRING_JOB_NAME=hpcring
-HPCRING_PROFILE=generic-lsf
-export MASTER_ADDR MASTER_PORT HPCRING_JOB_NAME HPCRING_PROFILE
+export MASTER_ADDR
+export MASTER_PORT=29500
+export HPCRING_JOB_NAME=hpcring
+export HPCRING_PROFILE=generic-lsf
 
 HPCRING_RANKFILE="${TMPDIR:-/tmp}/hpcring-${LSB_JOBID:-$$}.rankfile"
 cat > "${HPCRING_RANKFILE}" <<'HPCRING_EOF'

@@ -16,14 +16,14 @@
 set -euo pipefail
 
 # Environment: interconnect defaults, rendezvous, site, job.
-NCCL_IB_DISABLE=0
-NCCL_IB_HCA=mlx5_0,mlx5_1,mlx5_2,mlx5_3
-UCX_NET_DEVICES=mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1
+export NCCL_IB_DISABLE=0
+export NCCL_IB_HCA=mlx5_0,mlx5_1,mlx5_2,mlx5_3
+export UCX_NET_DEVICES=mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1
 MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)"
-MASTER_PORT=29500
-HPCRING_JOB_NAME=hpcring
-HPCRING_PROFILE=generic-slurm-gpu
-export NCCL_IB_DISABLE NCCL_IB_HCA UCX_NET_DEVICES MASTER_ADDR MASTER_PORT HPCRING_JOB_NAME HPCRING_PROFILE
+export MASTER_ADDR
+export MASTER_PORT=29500
+export HPCRING_JOB_NAME=hpcring
+export HPCRING_PROFILE=generic-slurm-gpu
 
 # Container: apptainer, hybrid model: the host launcher starts the runtime on every rank, the image's MPI joins it.
 if ! command -v apptainer >/dev/null 2>&1; then

@@ -19,14 +19,14 @@ module load spectrum-mpi
 module load cuda
 
 # Environment: interconnect defaults, rendezvous, site, job.
-NCCL_IB_DISABLE=0
-NCCL_IB_HCA=mlx5_0,mlx5_3
-UCX_NET_DEVICES=mlx5_0:1,mlx5_3:1
+export NCCL_IB_DISABLE=0
+export NCCL_IB_HCA=mlx5_0,mlx5_3
+export UCX_NET_DEVICES=mlx5_0:1,mlx5_3:1
 MASTER_ADDR="$(awk 'NR > 1 { print; exit }' "$LSB_DJOB_HOSTFILE")"
-MASTER_PORT=29500
-HPCRING_JOB_NAME=hpcring
-HPCRING_PROFILE=summit
-export NCCL_IB_DISABLE NCCL_IB_HCA UCX_NET_DEVICES MASTER_ADDR MASTER_PORT HPCRING_JOB_NAME HPCRING_PROFILE
+export MASTER_ADDR
+export MASTER_PORT=29500
+export HPCRING_JOB_NAME=hpcring
+export HPCRING_PROFILE=summit
 
 HPCRING_ERF="${TMPDIR:-/tmp}/hpcring-${LSB_JOBID:-$$}.erf"
 cat > "${HPCRING_ERF}" <<'HPCRING_EOF'

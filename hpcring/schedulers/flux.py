@@ -1,0 +1,64 @@
+"""Flux: `# flux:` directives (nodes, tasks, walltime, queue, bank, exclusive nodes, job attributes),
+submitted with `flux batch script`; ranks start with `flux run` (`launchers/flux_run.py`).
+
+Flux reads `# flux:` lines with shell-like quoting (Python's shlex), so values go on them double-quoted with
+`\\` and `"` escaped, the same form as `#SBATCH` values; line breaks are refused before rendering.
+"""
+
+from __future__ import annotations
+
+from hpcring.schedulers.job import JobSpec
+from hpcring.schedulers.launchers.flux_run import resources
+from hpcring.schedulers.mapping import RankMap
+from hpcring.schedulers.plan import Directive, Scheduler, register_scheduler
+from hpcring.schedulers.shell import Raw, check_line_safe
+
+
+def duration(seconds: int) -> str:
+    """Flux Standard Duration (RFC 23): whole minutes as `90m`, else seconds."""
+    return f"{seconds // 60}m" if seconds % 60 == 0 else f"{seconds}s"
+
+
+def _flag(text: str) -> Directive:
+    """ "-N 2" or "--setattr=a=b" -> a Directive."""
+    if text.startswith("--"):
+        flag, sep, value = text.partition("=")
+        return Directive(flag, value if sep else None)
+    flag, _, value = text.partition(" ")
+    return Directive(flag, value or None, " ")
+
+
+@register_scheduler
+class Flux(Scheduler):
+    name = "flux"
+    directive_prefix = "# flux:"
+    template = "flux/job.sh.j2"
+    job_id_var = "FLUX_JOB_ID"
+
+    def directives(self, rm: RankMap, job: JobSpec, account: str | None) -> list[Directive]:
+        opts = rm.profile.site.flux
+        out = [Directive("--job-name", job.name)]
+        out += [_flag(f) for f in resources(rm)]
+        out.append(Directive("-t", duration(rm.shape.time_s), " "))
+        if rm.shape.partition is not None:
+            out.append(Directive("-q", rm.shape.partition.name, " "))
+        if account:
+            out.append(Directive("--bank", account))
+        if opts.exclusive:
+            out.append(Directive("--exclusive"))
+        for key, value in opts.setattr:
+            out.append(Directive("--setattr", f"{key}={value}"))
+        if job.output:
+            out.append(Directive("--output", job.output))
+        if job.error:
+            out.append(Directive("--error", job.error))
+        for extra in opts.extra_directives:
+            out.append(_flag(check_line_safe(extra, "site.flux.extra_directives entry")))
+        return out
+
+    def master_addr(self, rm: RankMap) -> Raw:
+        # The batch script runs inside the job's own Flux instance: its hosts are `instance`, first one first.
+        return Raw('"$(flux hostlist -n 0 instance)"')
+
+    def submit_argv(self) -> list[str]:
+        return ["flux", "batch"]
