@@ -16,6 +16,7 @@ from hpcring import _deps
 from hpcring.collective.engine import Engine, OpType, ProcessSet, Request, Signature, global_process_set
 from hpcring.config import engine_settings
 from hpcring.errors import ConfigError, NotInitializedError
+from hpcring.horovod_env import report_ignored
 
 _lock = threading.RLock()
 _engine: Engine | None = None
@@ -123,6 +124,7 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet | Sequence[int]] | 
             ps._register(i, ranks, topo.rank)
         _static_sets[:] = [ps for _, ps in plan]
         _generation += 1
+        report_ignored(topo.rank)  # HOROVOD_* settings hpcring does not act on: once, on rank 0
 
 
 def _shutdown_locked() -> None:
