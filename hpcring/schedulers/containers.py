@@ -226,8 +226,9 @@ def plan(profile: Profile, image: str | None, binds: Sequence[str], uses_gpus: b
             f"site.container.runtime to {choices(RUNTIMES)}"
         )
     argv: list[str] = [c.runtime, "exec"]
-    if uses_gpus:
-        argv.append("--rocm" if profile.node.gpu_vendor == "amd" else "--nv")
+    gpu_flag = {"amd": "--rocm", "nvidia": "--nv"}.get(profile.node.gpu_vendor)  # intel: /dev/dri as is
+    if uses_gpus and gpu_flag:
+        argv.append(gpu_flag)
     for b in (*c.binds, *c.devices):
         argv += ["--bind", b]
     if c.host_mpi is not None:

@@ -63,6 +63,30 @@ class Slot:
     cores: tuple[int, ...]
     cpus: tuple[int, ...]  # hardware threads, OS numbering
     nic: str | None
+    nics: tuple[str, ...] = ()  # every NIC the rank owns (several when NICs hang off its GPUs); nic = first
+    tiles: tuple[tuple[int, int], ...] = ()  # (device, tile) of each GPU tile (Intel Max): ZE_AFFINITY_MASK
+    mem_numa: tuple[int, ...] = ()  # NUMA domains the rank's memory belongs on (its GPUs', else its cores')
+    apu: bool = False  # its GPUs share package and memory with its cores (MI300A): bind memory too
+
+    def record(self) -> dict[str, object]:
+        """The node-local part of a `hpcring map --format json` record.
+
+        Keys beyond the v1 ones appear only where the node has the feature: `tiles` on tiled GPUs, `nics`
+        when a rank owns several, `mem_numa` on APUs.
+        """
+        out: dict[str, object] = {
+            "local_rank": self.local_rank,
+            "gpus": list(self.gpus),
+            "cpus": list(self.cpus),
+            "nic": self.nic,
+        }
+        if self.tiles:
+            out["tiles"] = [f"{device}.{tile}" for device, tile in self.tiles]
+        if len(self.nics) > 1:
+            out["nics"] = list(self.nics)
+        if self.apu:
+            out["mem_numa"] = list(self.mem_numa)
+        return out
 
 
 @dataclass(frozen=True)
@@ -75,15 +99,7 @@ class Rank:
 
     def as_dict(self) -> dict[str, object]:
         """The `hpcring map --format json` record."""
-        s = self.slot
-        return {
-            "rank": self.rank,
-            "node": self.node,
-            "local_rank": s.local_rank,
-            "gpus": list(s.gpus),
-            "cpus": list(s.cpus),
-            "nic": s.nic,
-        }
+        return {"rank": self.rank, "node": self.node, **self.slot.record()}
 
 
 @dataclass(frozen=True)
@@ -122,15 +138,7 @@ class RankMap:
 
     def json_lines(self) -> Iterator[str]:
         """Each rank's JSON record (as `Rank.as_dict`), serialised once per slot and reused on every node."""
-        tails = [
-            [
-                json.dumps(
-                    {"local_rank": s.local_rank, "gpus": list(s.gpus), "cpus": list(s.cpus), "nic": s.nic}
-                )[1:]
-                for s in layout
-            ]
-            for layout in self.layouts
-        ]
+        tails = [[json.dumps(s.record())[1:] for s in layout] for layout in self.layouts]
         rank = 0
         for node in range(self.shape.nodes):
             layout = tails[0] if self.shape.even or node < self.shape.extra_nodes else tails[1]
@@ -309,17 +317,22 @@ def layout(node: Node, rpn: int, gpr: int, cpr: int, tpc: int) -> tuple[Slot, ..
     nics = _nics(node, prefs, cores_of)
     slots = []
     for i in range(rpn):
-        gpu_pos = prefs[i][0]
+        gpus = [node.gpus[g] for g in prefs[i][0]]
         cores = cores_of[i]
         cpus = tuple(sorted(t for c in cores for t in node.hw_threads(c, tpc)))
+        domains = {g.numa for g in gpus} if gpus else {node.numa_of_core(c) for c in cores}
         slots.append(
             Slot(
                 local_rank=i,
-                gpus=tuple(node.gpus[g].index for g in gpu_pos),
-                gpu_sched=tuple(node.gpus[g].scheduler_index for g in gpu_pos),
+                gpus=tuple(g.index for g in gpus),
+                gpu_sched=tuple(g.scheduler_index for g in gpus),
                 cores=cores,
                 cpus=cpus,
-                nic=nics[i],
+                nic=nics[i][0] if nics[i] else None,
+                nics=nics[i],
+                tiles=tuple((g.device, g.tile) for g in gpus if g.device is not None and g.tile is not None),
+                mem_numa=tuple(sorted(d for d in domains if d is not None)),
+                apu=any(g.apu for g in gpus),
             )
         )
     return tuple(slots)
@@ -329,20 +342,25 @@ def _nics(
     node: Node,
     prefs: Sequence[tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]],
     cores_of: dict[int, tuple[int, ...]],
-) -> list[str | None]:
-    """A NIC per rank: one in the rank's GPU (or CPU) NUMA domain, round-robin among equals; else any,
-    round-robin."""
+) -> list[tuple[str, ...]]:
+    """NICs per rank: every NIC attached to the rank's GPUs when the profile says which; otherwise one in
+    the rank's GPU (or CPU) NUMA domain, round-robin among equals; else any, round-robin."""
     if not node.nics:
-        return [None] * len(prefs)
+        return [()] * len(prefs)
     used: dict[tuple[str, ...], int] = {}
-    out: list[str | None] = []
+    out: list[tuple[str, ...]] = []
     for i, (gpus, _, _) in enumerate(prefs):
+        indexes = {node.gpus[g].index for g in gpus}
+        attached = tuple(n.name for n in node.nics if indexes & set(n.gpus))
+        if attached:
+            out.append(attached)
+            continue
         domains = {node.gpus[g].numa for g in gpus} if gpus else {node.numa_of_core(c) for c in cores_of[i]}
         local = tuple(n.name for n in node.nics if n.numa is not None and n.numa in domains)
         pool = local or tuple(n.name for n in node.nics)
         k = used.get(pool, 0)
         used[pool] = k + 1
-        out.append(pool[k % len(pool)])
+        out.append((pool[k % len(pool)],))
     return out
 
 

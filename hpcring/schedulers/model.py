@@ -27,7 +27,7 @@ LAUNCHERS_OF: dict[str, tuple[str, ...]] = {
     "flux": ("flux",),
 }
 RUNTIMES: tuple[str, ...] = ("singularity", "apptainer")
-GPU_VENDORS: tuple[str, ...] = ("nvidia", "amd")
+GPU_VENDORS: tuple[str, ...] = ("nvidia", "amd", "intel")
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,14 @@ class Gpu:
     numa: int
     closest_cores: tuple[int, ...]  # physical cores with the shortest path to this GPU
     scheduler_index: int  # how Slurm/LSF number it in map_gpu / ERF (often equal to `index`)
+    device: int | None = None  # the physical GPU when this entry is one of its tiles (Intel Max stacks)
+    tile: int | None = None  # tile number inside `device`
+    apu: bool = False  # shares package and memory with the cores of its NUMA domain (MI300A)
+
+    @property
+    def tile_id(self) -> str | None:
+        """`DEVICE.TILE` as Level Zero's ZE_AFFINITY_MASK and mpiexec --gpu-bind=list spell a tile."""
+        return None if self.tile is None else f"{self.device}.{self.tile}"
 
 
 @dataclass(frozen=True)
@@ -54,6 +62,7 @@ class Nic:
 
     name: str
     numa: int | None
+    gpus: tuple[int, ...] = ()  # GPU indexes the NIC is attached to directly (one rank owning them gets it)
 
 
 @dataclass(frozen=True)

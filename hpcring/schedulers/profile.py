@@ -157,10 +157,17 @@ def _node(d: Mapping[str, Any], where: str) -> Node:
     if len(set(ids)) != len(ids):
         raise err("numa", f"NUMA domain ids must be unique, got {ids}")
     gpus = _gpus(d.get("gpus", []), numa, frozenset(reserved), err, check_cores)
-    nics = tuple(Nic(n["name"], n.get("numa")) for n in d.get("nics", []))
+    nics = tuple(Nic(n["name"], n.get("numa"), tuple(n.get("gpus", ()))) for n in d.get("nics", []))
+    gpu_ids = [g.index for g in gpus]
     for i, nic in enumerate(nics):
         if nic.numa is not None and nic.numa not in ids:
             raise err(f"nics[{i}].numa", f"NUMA domain {nic.numa} does not exist; allowed: {choices(ids)}")
+        unknown = [g for g in nic.gpus if g not in gpu_ids]
+        if unknown:
+            raise err(
+                f"nics[{i}].gpus",
+                f"GPU {unknown[0]} does not exist; allowed: {choices(gpu_ids) or 'none (no GPUs)'}",
+            )
     if len({n.name for n in nics}) != len(nics):
         raise err("nics", "NIC names must be unique")
     return Node(
@@ -221,11 +228,26 @@ def _gpus(
             raise err(
                 f"gpus[{i}].closest_cores", "every closest core is reserved; at least one must be usable"
             )
-        out.append(Gpu(g["index"], dom.id, usable, g.get("scheduler_index", g["index"])))
-    for attr in ("index", "scheduler_index"):
-        values = [getattr(g, attr) for g in out]
+        if ("device" in g) != ("tile" in g):
+            raise err(f"gpus[{i}]", "'device' and 'tile' go together: give both for a GPU tile, or neither")
+        out.append(
+            Gpu(
+                g["index"],
+                dom.id,
+                usable,
+                g.get("scheduler_index", g["index"]),
+                device=g.get("device"),
+                tile=g.get("tile"),
+                apu=g.get("apu", False),
+            )
+        )
+    for attr in ("index", "scheduler_index", "tile_id"):
+        values = [getattr(g, attr) for g in out if getattr(g, attr) is not None]
         if len(set(values)) != len(values):
             raise err("gpus", f"GPU {attr} values must be unique, got {values}")
+    tiled = [g.tile is not None for g in out]
+    if any(tiled) and not all(tiled):
+        raise err("gpus", "either every GPU entry is a tile (device and tile given) or none is")
     return tuple(out)
 
 

@@ -24,6 +24,13 @@ BUILTIN = [
     "generic-lsf",
     "generic-pbs",
     "generic-flux",
+    "lumi-g",
+    "lumi-c",
+    "polaris",
+    "aurora",
+    "alps-gh200",
+    "tuolumne",
+    "el-capitan",
 ]
 
 
@@ -204,7 +211,7 @@ def test_cli_list_show_schema() -> None:
     unknown = cli("profiles", "show", "nosuch")
     assert (
         unknown.returncode == 2
-        and "unknown profile 'nosuch'; built-in profiles: 'frontier'," in unknown.stderr
+        and "unknown profile 'nosuch'; built-in profiles: 'alps-gh200', 'aurora'," in unknown.stderr
     )
 
 
