@@ -1,0 +1,96 @@
+"""Golden job scripts for the site profiles added with schema v2 (LUMI-G, LUMI-C, Alps GH200 on Slurm with and
+without a container; Polaris and Aurora on PBS; Tuolumne and El Capitan on Flux), each shellcheck-clean.
+
+Regenerate after an intended change with
+`HPCRING_UPDATE_GOLDEN=1 pytest tests/schedulers/test_render_sites.py`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sched_helpers import GOLDEN, make_plan, render_plan, shellcheck
+
+from hpcring.errors import ConfigError
+
+TRAIN = ("python", "train.py", "--epochs", "3")
+
+VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "lumi-g-slurm": ("lumi-g", {"nodes": 4, "account": "project_465000000", "command": TRAIN}),
+    "lumi-g-container": (
+        "lumi-g",
+        {
+            "nodes": 2,
+            "account": "project_465000000",
+            "image": "/scratch/project_465000000/train.sif",
+            "binds": ("/scratch/project_465000000",),
+            "command": TRAIN,
+        },
+    ),
+    "lumi-c-slurm": (
+        "lumi-c",
+        {
+            "nodes": 2,
+            "ranks_per_node": 16,
+            "cpus_per_rank": 8,
+            "account": "project_465000000",
+            "command": TRAIN,
+        },
+    ),
+    "lumi-c-container": (
+        "lumi-c",
+        {"nodes": 1, "account": "project_465000000", "image": "/scratch/img/cpu.sif", "command": TRAIN},
+    ),
+    "alps-gh200-slurm": ("alps-gh200", {"nodes": 2, "account": "g123", "command": TRAIN}),
+    "polaris-pbs": ("polaris", {"nodes": 2, "account": "MyProject", "command": TRAIN}),
+    "aurora-pbs": ("aurora", {"nodes": 2, "account": "MyProject", "command": TRAIN}),
+    "tuolumne-flux": ("tuolumne", {"nodes": 2, "command": TRAIN}),
+    "el-capitan-flux": ("el-capitan", {"nodes": 2, "command": TRAIN}),
+}
+
+
+def _render(variant: str) -> str:
+    name, job = VARIANTS[variant]
+    return render_plan(make_plan(name, **dict(job)))
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_golden(variant: str) -> None:
+    text = _render(variant)
+    golden = GOLDEN / f"{variant}.sh"
+    if os.environ.get("HPCRING_UPDATE_GOLDEN") == "1":
+        golden.write_text(text)
+    assert golden.exists(), f"missing golden file {golden}; run with HPCRING_UPDATE_GOLDEN=1"
+    assert text == golden.read_text()
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_shellcheck_clean(variant: str, tmp_path: Path) -> None:
+    script = tmp_path / "job.sh"
+    script.write_text(_render(variant))
+    res = shellcheck(script)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_lumi_g_binding_is_the_documented_one() -> None:
+    """The srun line carries LUMI's documented mask_cpu list (distribution-binding, "GPU Binding")."""
+    text = _render("lumi-g-slurm")
+    masks = "0xfe000000000000,0xfe00000000000000,0xfe0000,0xfe000000,0xfe,0xfe00,0xfe00000000,0xfe0000000000"
+    assert f"--cpu-bind=mask_cpu:{masks}" in text
+    assert "singularity exec --rocm --bind /scratch/project_465000000" in _render("lumi-g-container")
+
+
+def test_aurora_ranks_see_their_tile() -> None:
+    """Each local rank's ZE_AFFINITY_MASK is its tile, and mpiexec binds the documented core list."""
+    text = _render("aurora-pbs")
+    assert "  1) devices=0.1 ;;" in text and "  11) devices=5.1 ;;" in text
+    assert "list:1-8:9-16:17-24:25-32:33-40:41-48:53-60:61-68:69-76:77-84:85-92:93-100" in text
+
+
+def test_alps_has_no_container_runtime() -> None:
+    """CSCS documents its own Container Engine, not Apptainer: an image is refused, naming the fix."""
+    with pytest.raises(ConfigError, match=r"profile 'alps-gh200' has no container runtime"):
+        make_plan("alps-gh200", nodes=1, account="g123", image="/capstor/img.sif", command=TRAIN)
