@@ -12,6 +12,7 @@ import shlex
 import sys
 from collections.abc import Callable
 
+from hpcring.cli import horovodrun
 from hpcring.config import ALGORITHMS, TIMELINE_DYNAMIC
 from hpcring.errors import ConfigError, choices
 from hpcring.launch.command import LaunchSpec, build
@@ -56,7 +57,13 @@ def register(parser: argparse.ArgumentParser) -> None:
         default=_env("HPCRING_HOSTFILE"),
         help="'host slots=N' or 'host:N' lines (HPCRING_HOSTFILE)",
     )
-    add("--mpi", default=_env("HPCRING_MPI"), help="expected MPI flavour: openmpi or mpich (HPCRING_MPI)")
+    add(
+        "--mpi",
+        nargs="?",
+        const=None,
+        default=_env("HPCRING_MPI"),
+        help="expected MPI flavour: openmpi or mpich (HPCRING_MPI); a bare --mpi (horovodrun's) asserts none",
+    )
     add(
         "--emulate-nodes",
         default=_env("HPCRING_EMULATE_NODES"),
@@ -111,6 +118,7 @@ def register(parser: argparse.ArgumentParser) -> None:
         "--allreduce-algorithm", metavar="ALG", help=f"HPCRING_ALLREDUCE_ALGORITHM: {ALGORITHMS}"
     )
     eng.add_argument("--log-level", metavar="LEVEL", help=f"HPCRING_LOG_LEVEL: {LOG_LEVELS}")
+    horovodrun.register(parser)
     add("command", nargs=argparse.REMAINDER, help="the command each rank runs, after --")
 
 
@@ -165,13 +173,18 @@ def _yield(text: str) -> bool | None:
     return None if value == "auto" else value in ("on", "1", "true")
 
 
-def build_spec(args: argparse.Namespace) -> LaunchSpec:
+def _np(args: argparse.Namespace) -> int:
+    """-np, or in elastic mode the first world's lower bound (--min-np) when -np is not given."""
+    if args.np is not None:
+        return int(_number(int, str(args.np), "-np", minimum=1))
+    if args.min_np is not None:
+        return int(_number(int, str(args.min_np), "--min-np", minimum=1))
+    raise ConfigError("-np N is required (the number of ranks), e.g. hpcring run -np 4 -- python train.py")
+
+
+def build_spec(args: argparse.Namespace, flavour: str = "openmpi") -> LaunchSpec:
     """Validate the flags into a LaunchSpec; any mistake is a ConfigError (exit 2) before anything starts."""
-    if args.np is None:
-        raise ConfigError(
-            "-np N is required (the number of ranks), e.g. hpcring run -np 4 -- python train.py"
-        )
-    np = int(_number(int, str(args.np), "-np", minimum=1))
+    np = _np(args)
     if args.hosts and args.hostfile:
         raise ConfigError("give either -H/--hosts or --hostfile, not both")
     hosts = (
@@ -183,6 +196,7 @@ def build_spec(args: argparse.Namespace) -> LaunchSpec:
     command = list(args.command)
     if command[:1] == ["--"]:
         command = command[1:]
+    mpi_args, mpi_env = horovodrun.mpi_extras(args, flavour)
     return LaunchSpec(
         np=np,
         command=tuple(command),
@@ -192,8 +206,12 @@ def build_spec(args: argparse.Namespace) -> LaunchSpec:
         rsh_agent=os.path.abspath(args.rsh_agent) if args.rsh_agent else None,
         yield_when_idle=_yield(args.yield_when_idle),
         start_timeout_s=_number(float, str(args.start_timeout), "--start-timeout", minimum=1),
-        settings=engine_settings(args),
+        settings={**engine_settings(args), **horovodrun.rank_settings(args)},
         fail_fast=not args.no_fail_fast,
+        mpi_args=mpi_args,
+        mpi_env=mpi_env,
+        output_dir=os.path.abspath(args.output_filename) if args.output_filename else None,
+        timestamp=args.prefix_output_with_timestamp,
     )
 
 
@@ -201,9 +219,22 @@ def main(args: argparse.Namespace) -> int:
     from hpcring.launch.flavour import resolve
     from hpcring.launch.supervisor import Supervisor
 
-    spec = build_spec(args)
-    spec.oversubscribed()  # validates -np against the hosts' slots before anything starts
+    if args.version:
+        from hpcring import __version__
+
+        print(f"hpcring {__version__} (hpcring run takes horovodrun's flags)")
+        return 0
+    if args.check_build:
+        print(horovodrun.check_build())
+        return 0
+    horovodrun.apply_config_file(args)
+    horovodrun.refuse(args)
     install = resolve(args.mpi)
+    spec = build_spec(args, install.flavour)
+    elastic = horovodrun.elastic_spec(args, list(spec.hosts), _np(args))
+    if elastic is not None:
+        return _run_elastic(args, install, spec, elastic)
+    spec.oversubscribed()  # validates -np against the hosts' slots before anything starts
     sup = Supervisor(install, spec)
     if args.dry_run:
         argv, env = build(install, spec, sup.wrapper_argv(["HOST:PORT"]), {})
@@ -216,3 +247,16 @@ def main(args: argparse.Namespace) -> int:
             print(f"hpcring run: {install.flavour} ({install.version}): {shlex.join(argv)}", file=sys.stderr)
 
     return sup.run(on_start=show)
+
+
+def _run_elastic(args: argparse.Namespace, install: object, spec: LaunchSpec, elastic: object) -> int:
+    """Elastic mode: the driver runs worlds on the usable hosts until training finishes (docs/elastic.md)."""
+    from hpcring.launch.elastic.driver import ElasticDriver, ElasticSpec
+    from hpcring.launch.flavour import MpiInstall
+
+    assert isinstance(install, MpiInstall) and isinstance(elastic, ElasticSpec)
+    if args.dry_run:
+        raise ConfigError("--dry-run cannot show an elastic job: its worlds depend on the hosts at run time")
+    from dataclasses import replace
+
+    return ElasticDriver(install, replace(spec, hosts=()), elastic).run()

@@ -31,6 +31,12 @@ class LaunchSpec:
     start_timeout_s: float = 120.0
     fail_fast: bool = True  # Python ranks exit without MPI_Finalize on error (hpcring.launch.pyrun)
     settings: Mapping[str, str] = field(default_factory=dict)  # engine settings exported to every rank
+    mpi_args: tuple[
+        str, ...
+    ] = ()  # extra mpiexec arguments (horovodrun's --mpi-args, --ssh-port, --tcp, ...)
+    mpi_env: Mapping[str, str] = field(default_factory=dict)  # variables only mpiexec itself reads
+    output_dir: str | None = None  # horovodrun's --output-filename: DIR/rank.N/stdout and stderr
+    timestamp: bool = False  # horovodrun's --prefix-output-with-timestamp
 
     def __post_init__(self) -> None:
         if self.np <= 0:
@@ -113,4 +119,5 @@ def build(
         if spec.remote and base_env.get("UCX_TLS"):
             # Hydra proxies do not forward the launcher's environment to remote hosts by themselves.
             argv += ["-genv", "UCX_TLS", base_env["UCX_TLS"]]
-    return [*argv, *wrapper], env
+    env.update(spec.mpi_env)
+    return [*argv, *spec.mpi_args, *wrapper], env

@@ -22,6 +22,7 @@ EXITED = b"X"  # json: code (int | None), signal (int | None), ended_by_launcher
 # launcher -> wrapper
 GO = b"G"  # json: override (env to set), defaults (env to set when absent)
 TERMINATE = b"T"  # json: reason
+NOTIFY = b"N"  # json: path, notice (elastic host update: the wrapper writes it to its node's file)
 
 _HEADER = struct.Struct(">cI")
 MAX_FRAME = 64 << 20

@@ -165,10 +165,20 @@ class Wrapper:
             sel.unregister(self.sock)
             self.end_child()
             return
-        for kind, _payload in self.reader.feed(data):
+        for kind, payload in self.reader.feed(data):
             if kind == protocol.TERMINATE:
                 self.ended_by_launcher = True
                 self.end_child()
+            elif kind == protocol.NOTIFY:
+                _write_notice(protocol.decode(payload))
+
+
+def _write_notice(message: dict[str, Any]) -> None:
+    """The elastic driver announced a host change: put it where this node's ranks look for it."""
+    from hpcring.launch.elastic.contract import write_notice
+
+    with contextlib.suppress(OSError, KeyError, TypeError):
+        write_notice(str(message["path"]), message["notice"])
 
 
 _PYTHON_NAME = re.compile(r"^python(\d+(\.\d+)?)?$")

@@ -25,6 +25,7 @@ from typing import BinaryIO
 from hpcring.errors import LaunchError
 from hpcring.launch import protocol
 from hpcring.launch.command import LaunchSpec, build
+from hpcring.launch.elastic.contract import RESET_EXIT_CODE
 from hpcring.launch.env import RANK_VARIABLES, rank_environment
 from hpcring.launch.flavour import MpiInstall
 from hpcring.launch.layout import emulated_nodes, node_of_hosts, places
@@ -179,8 +180,16 @@ class Supervisor:
         stdout: BinaryIO | None = None,
         stderr: BinaryIO | None = None,
         env: Mapping[str, str] | None = None,
+        elastic: bool = False,
+        rank_env: Callable[[int], Mapping[str, str]] | None = None,
+        on_tick: Callable[[Supervisor], None] | None = None,
     ) -> None:
         self.install = install
+        self.elastic = elastic  # a rank exiting with RESET_EXIT_CODE asks for a relaunch, not a failure
+        self.rank_env = rank_env  # extra variables per rank (the elastic driver's host assignment)
+        self.on_tick = on_tick  # called from the loop (the elastic driver watches discovery from here)
+        self.reset_rank: int | None = None
+        self.output_files: dict[tuple[int, str], BinaryIO] = {}
         self.spec = spec
         self.out = stdout or sys.stdout.buffer
         self.err = stderr or sys.stderr.buffer
@@ -213,12 +222,25 @@ class Supervisor:
         if not lines:
             return
         stream = self.out if kind == protocol.STDOUT else self.err
-        if self.spec.prefix:
-            tag = f"[{conn.rank}]<{'stdout' if kind == protocol.STDOUT else 'stderr'}>:".encode()
-            stream.write(b"".join(tag + line + b"\n" for line in lines))
-        else:
-            stream.write(b"".join(line + b"\n" for line in lines))
+        name = "stdout" if kind == protocol.STDOUT else "stderr"
+        if self.spec.output_dir is not None:
+            self._save_output(conn, name, lines)
+        stamp = time.strftime("%a %b %d %H:%M:%S %Y").encode() if self.spec.timestamp else b""
+        tag = stamp + (f"[{conn.rank}]<{name}>:".encode() if self.spec.prefix else b"")
+        stream.write(b"".join(tag + line + b"\n" for line in lines))
         stream.flush()
+
+    def _save_output(self, conn: Conn, name: str, lines: list[bytes]) -> None:
+        """horovodrun's --output-filename: every rank's lines also go to DIR/rank.N/stdout|stderr."""
+        assert self.spec.output_dir is not None
+        key = (conn.rank or 0, name)
+        f = self.output_files.get(key)
+        if f is None:
+            path = os.path.join(self.spec.output_dir, f"rank.{key[0]}")
+            os.makedirs(path, exist_ok=True)
+            f = self.output_files[key] = open(os.path.join(path, name), "ab")  # noqa: SIM115 (closed in run)
+        f.write(b"".join(line + b"\n" for line in lines))
+        f.flush()
 
     # ---- job control --------------------------------------------------------------------------------------
     def _fail(self, rank: int, how: str, status: int) -> None:
@@ -236,6 +258,19 @@ class Supervisor:
             if not conn.exited:
                 with contextlib.suppress(OSError):
                     conn.sock.sendall(protocol.json_frame(protocol.TERMINATE, {"reason": "job aborted"}))
+
+    def notify(self, message: Mapping[str, object]) -> None:
+        """Send every running wrapper an elastic host-update notice (it writes it to its node's file)."""
+        for conn in self.conns.values():
+            if not conn.exited:
+                with contextlib.suppress(OSError):
+                    conn.sock.sendall(protocol.json_frame(protocol.NOTIFY, dict(message)))
+
+    def _reset(self, rank: int) -> None:
+        """A rank saved its state and left for an elastic relaunch: end the others (commits are safe)."""
+        if self.reset_rank is None and self.failure is None and self.interrupted is None:
+            self.reset_rank = rank
+            self._abort()
 
     def _aborting(self) -> bool:
         return self.abort_at is not None
@@ -339,6 +374,8 @@ class Supervisor:
                     master_port=self.master_port,
                 )
             )
+            if self.rank_env is not None:
+                override.update(self.rank_env(place.rank))
             with contextlib.suppress(OSError):
                 self.conns[place.rank].sock.setblocking(True)
                 self.conns[place.rank].sock.sendall(
@@ -357,6 +394,10 @@ class Supervisor:
         sig_i = int(sig) if isinstance(sig, int) else None
         if report.get("ended_by_launcher") or self.abort_at is not None:
             return  # one we (or a failing peer) ended: not the cause
+        if self.elastic and code_i == RESET_EXIT_CODE and sig_i is None:
+            assert conn.rank is not None
+            self._reset(conn.rank)
+            return
         if sig_i is not None or code_i != 0:
             assert conn.rank is not None
             self._fail(conn.rank, describe_end(code_i, sig_i), exit_status(code_i, sig_i))
@@ -438,6 +479,8 @@ class Supervisor:
                 with contextlib.suppress(OSError):
                     key.fileobj.close()  # type: ignore[union-attr]
             self.sel.close()
+            for f in self.output_files.values():
+                f.close()
 
     def _loop(self, server: socket.socket) -> int:
         assert self.mpiexec is not None
@@ -452,6 +495,8 @@ class Supervisor:
                     self._relay(key)
                 else:
                     self._read(key.data)
+            if self.on_tick is not None:
+                self.on_tick(self)
             now = time.monotonic()
             if not self.started and now > start_deadline and self.abort_at is None:
                 self._note(
@@ -488,6 +533,8 @@ class Supervisor:
             return 128 + self.interrupted
         if self.failure is not None:
             return self.failure[2]
+        if self.reset_rank is not None:
+            return RESET_EXIT_CODE
         if len(self.conns) < self.spec.np:
             self._note(f"mpiexec exited with code {rc} before all {self.spec.np} ranks started")
             return rc if rc else 1

@@ -153,11 +153,9 @@ __all__ = [
 
 
 def __getattr__(name: str) -> object:
-    """Horovod names hpcring does not provide get an error that says so, not a bare AttributeError."""
+    """`hvd.elastic` is imported on first use (Horovod scripts reach it as an attribute)."""
     if name == "elastic":
-        raise AttributeError(
-            "hpcring.torch has no 'elastic' (horovod.torch.elastic: hvd.elastic.run, TorchState, "
-            "ElasticSampler): elastic training is not implemented. Run a fixed number of ranks and resume "
-            "from a checkpoint instead (examples/train_digits.py writes one on rank 0)."
-        )
+        import importlib
+
+        return importlib.import_module("hpcring.torch.elastic")
     raise AttributeError(f"module 'hpcring.torch' has no attribute {name!r}")

@@ -1,0 +1,265 @@
+"""The elastic driver: runs worlds one after another until training finishes.
+
+Each world is an ordinary `hpcring run` job (one mpiexec, one supervisor) on the usable hosts, up to
+--max-np ranks. When it ends:
+
+- every rank succeeded: the job succeeded;
+- a rank failed or its host was lost: that rank's host is blacklisted (with the cooldown), and the next world
+  starts on the hosts left once they give at least --min-np slots (waiting up to --elastic-timeout);
+- the ranks left for a relaunch (RESET_EXIT_CODE, after the driver announced added or removed hosts): the next
+  world starts on the hosts discovered now.
+
+Every relaunch counts against --reset-limit. The workers resume from the newest commit in the node-local
+commit store whose directory the driver names (HPCRING_ELASTIC_DIR), so the script does not change.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import BinaryIO
+
+from hpcring.errors import ConfigError
+from hpcring.launch.command import LaunchSpec
+from hpcring.launch.elastic import contract
+from hpcring.launch.elastic.discovery import Blacklist, Discovery, is_this_machine
+from hpcring.launch.flavour import MpiInstall
+from hpcring.launch.hosts import Host
+from hpcring.launch.supervisor import Supervisor
+
+SHM = "/dev/shm"
+
+
+@dataclass(frozen=True)
+class ElasticSpec:
+    """horovodrun's elastic flags, validated."""
+
+    min_np: int
+    max_np: int | None = None
+    slots_per_host: int = 1
+    discovery_script: str | None = None
+    hosts: tuple[Host, ...] = ()
+    timeout_s: float = 600.0  # Horovod's default --elastic-timeout
+    reset_limit: int | None = None
+    cooldown: tuple[float, float] | None = None
+    poll_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.min_np < 1:
+            raise ConfigError(f"--min-np must be at least 1, got {self.min_np}")
+        if self.max_np is not None and self.max_np < self.min_np:
+            raise ConfigError(f"--max-np {self.max_np} is below --min-np {self.min_np}")
+        if self.discovery_script is None and not self.hosts:
+            raise ConfigError(
+                "elastic mode needs hosts to relaunch on: give --host-discovery-script, -H or --hostfile "
+                "(on one machine, loopback names play hosts: -H 127.0.0.1:1,127.0.0.2:1,127.0.0.3:1)"
+            )
+        if self.discovery_script is not None and self.hosts:
+            raise ConfigError(
+                "give either --host-discovery-script or -H/--hostfile in elastic mode, not both"
+            )
+        if self.discovery_script is not None and not os.access(self.discovery_script, os.X_OK):
+            raise ConfigError(f"--host-discovery-script {self.discovery_script!r} is not an executable file")
+        if self.cooldown is not None and not 0 <= self.cooldown[0] <= self.cooldown[1]:
+            raise ConfigError(
+                f"--blacklist-cooldown-range {self.cooldown[0]:g} {self.cooldown[1]:g}: expected MIN MAX "
+                "seconds with 0 <= MIN <= MAX"
+            )
+
+
+def assign(hosts: list[Host], max_np: int | None) -> list[str]:
+    """The host of each rank: hosts in order, filled slot by slot (as mpiexec maps by slot), up to max_np."""
+    out: list[str] = []
+    for host in hosts:
+        for _ in range(host.slots):
+            if max_np is not None and len(out) >= max_np:
+                return out
+            out.append(host.name)
+    return out
+
+
+def commit_directory(env: Mapping[str, str]) -> tuple[Path, bool]:
+    """(directory for the commit store, whether the driver owns it and removes it at the end)."""
+    given = env.get(contract.DIRECTORY)
+    if given:
+        return Path(given), False
+    base = env.get("HPCRING_SHM_DIR") or (SHM if os.access(SHM, os.W_OK) else tempfile.gettempdir())
+    return Path(base) / f"hpcring-elastic-{secrets.token_hex(6)}", True
+
+
+class ElasticDriver:
+    """Runs an elastic job; `run()` returns the launcher's exit code."""
+
+    def __init__(
+        self,
+        install: MpiInstall,
+        base: LaunchSpec,
+        espec: ElasticSpec,
+        *,
+        env: Mapping[str, str] | None = None,
+        stderr: BinaryIO | None = None,
+    ) -> None:
+        self.install = install
+        self.base = base
+        self.espec = espec
+        self.env = dict(os.environ if env is None else env)
+        self.err = stderr or sys.stderr.buffer
+        self.blacklist = Blacklist(espec.cooldown)
+        self.discovery = Discovery(
+            espec.hosts, espec.discovery_script, espec.slots_per_host, espec.poll_s, self._note
+        )
+        self.directory, self.owns_directory = commit_directory(self.env)
+        self.generation = 0
+        self.resets = 0
+        self.world: list[str] = []  # host of each rank of the running world
+        self.notice_ts = 0
+        self.announced: tuple[frozenset[str], frozenset[str]] | None = None
+        self.next_poll = 0.0
+
+    def _note(self, text: str) -> None:
+        self.err.write(f"hpcring run: elastic: {text}\n".encode())
+        self.err.flush()
+
+    # ---- hosts --------------------------------------------------------------------------------------------
+    def _wait_for_hosts(self) -> list[Host] | None:
+        """Usable hosts giving --min-np slots, waiting up to --elastic-timeout; None when it expires."""
+        deadline = time.monotonic() + self.espec.timeout_s
+        said = False
+        while True:
+            hosts = self.discovery.hosts(self.blacklist)
+            slots = sum(h.slots for h in hosts)
+            if slots >= self.espec.min_np:
+                return hosts
+            if time.monotonic() >= deadline:
+                black = self.blacklist.names()
+                self._note(
+                    f"only {slots} slot(s) available ({_listing(hosts)}; "
+                    f"blacklisted: {', '.join(black) or 'none'})"
+                    f", fewer than --min-np {self.espec.min_np} for {self.espec.timeout_s:g} s "
+                    "(--elastic-timeout); ending the job"
+                )
+                return None
+            if not said:
+                self._note(
+                    f"waiting up to {self.espec.timeout_s:g} s for --min-np {self.espec.min_np} slots "
+                    f"(have {slots}: {_listing(hosts)})"
+                )
+                said = True
+            time.sleep(min(self.espec.poll_s, 0.5))
+
+    def _spec_for(self, world: list[str]) -> LaunchSpec:
+        """The world's launch: all hosts on this machine collapse to a local launch of len(world) ranks."""
+        counts: dict[str, int] = {}
+        for name in world:
+            counts[name] = counts.get(name, 0) + 1
+        local = all(is_this_machine(name) for name in counts)
+        hosts = () if local else tuple(Host(n, c) for n, c in counts.items())
+        notify = self.directory / f"notify-{self.generation}.json"
+        settings = {
+            **self.base.settings,
+            contract.ELASTIC: "1",
+            "HOROVOD_ELASTIC": "1",
+            contract.DIRECTORY: str(self.directory),
+            contract.GENERATION: str(self.generation),
+            contract.NOTIFY: str(notify),
+        }
+        return replace(self.base, np=len(world), hosts=hosts, settings=settings)
+
+    # ---- while a world runs: announce host changes -------------------------------------------------------
+    def _tick(self, sup: Supervisor) -> None:
+        now = time.monotonic()
+        if now < self.next_poll or not sup.started:
+            return
+        self.next_poll = now + self.espec.poll_s
+        usable = self.discovery.hosts(self.blacklist)
+        names = {h.name for h in usable}
+        used = set(self.world)
+        removed = frozenset(used - names)
+        room = self.espec.max_np is None or len(self.world) < self.espec.max_np
+        added = frozenset(names - used) if room else frozenset()
+        if not (added or removed) or self.announced == (added, removed):
+            return
+        self.announced = (added, removed)
+        self.notice_ts += 1
+        result = contract.MIXED if added and removed else contract.ADDED if added else contract.REMOVED
+        what = ", ".join([*(f"+{h}" for h in sorted(added)), *(f"-{h}" for h in sorted(removed))])
+        self._note(f"hosts changed ({what}); the workers re-form the world at their next commit")
+        path = self.directory / f"notify-{self.generation}.json"
+        sup.notify({"path": str(path), "notice": contract.Notice(self.notice_ts, result).to_json()})
+
+    # ---- the job ------------------------------------------------------------------------------------------
+    def run(self) -> int:
+        self.discovery.start()
+        try:
+            return self._run()
+        finally:
+            self.discovery.stop()
+            if self.owns_directory:
+                shutil.rmtree(self.directory, ignore_errors=True)
+
+    def _run(self) -> int:
+        while True:
+            hosts = self._wait_for_hosts()
+            if hosts is None:
+                return 1
+            self.world = assign(hosts, self.espec.max_np)
+            self.announced = None
+            self._note(
+                f"world {self.generation}: {len(self.world)} rank(s) on {_listing(_counted(self.world))}"
+            )
+            sup = Supervisor(
+                self.install,
+                self._spec_for(self.world),
+                env=self.env,
+                elastic=True,
+                rank_env=lambda r: {contract.HOST: self.world[r]},
+                on_tick=self._tick,
+            )
+            rc = sup.run()
+            if sup.interrupted is not None:
+                return rc
+            if sup.failure is None and sup.reset_rank is None and rc == 0:
+                return 0
+            why = self._account(sup)
+            self.resets += 1
+            limit = self.espec.reset_limit
+            if limit is not None and self.resets > limit:
+                self._note(
+                    f"{why}; --reset-limit {limit} reached ({limit} relaunch(es) done); ending the job"
+                )
+                return sup.failure[2] if sup.failure else (rc or 1)
+            of = f" of {limit}" if limit is not None else ""
+            self._note(f"{why}; relaunching (reset {self.resets}{of})")
+            self.generation += 1
+
+    def _account(self, sup: Supervisor) -> str:
+        """Blacklist the failed rank's host; say what happened."""
+        if sup.failure is None:
+            if sup.reset_rank is not None:
+                return "the workers saved their state for the host change"
+            return "the world ended without a rank failing"
+        rank, how, _status = sup.failure
+        if not 0 <= rank < len(self.world):
+            return f"the world failed to start ({how})"
+        host = self.world[rank]
+        delay = self.blacklist.add(host)
+        until = "for good" if delay is None else f"for {delay:.0f} s"
+        return f"host {host} (rank {rank}, which {how}) is blacklisted {until}"
+
+
+def _counted(world: list[str]) -> list[Host]:
+    counts: dict[str, int] = {}
+    for name in world:
+        counts[name] = counts.get(name, 0) + 1
+    return [Host(n, c) for n, c in counts.items()]
+
+
+def _listing(hosts: list[Host]) -> str:
+    return ",".join(h.spec() for h in hosts) or "no hosts"

@@ -1,0 +1,186 @@
+"""Horovod's elastic `State` and `ObjectState`, with commits that can outlive the process.
+
+The semantics are Horovod's (`horovod/common/elastic.py`): `commit()` = `save()` + `check_host_updates()`;
+`restore()` undoes uncommitted changes; `sync()` makes every rank hold the same state; reset callbacks run
+after the world changed. What differs is where a commit lives: under the elastic driver (`hpcring run
+--min-np ...`) `save()` writes it to the node-local commit store (`store.py`), so the relaunched world can
+resume from it; otherwise it is kept in this process's memory, as Horovod does. Either way a commit is one
+encoded buffer.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from hpcring.launch.elastic import contract
+from hpcring.torch.elastic import store
+
+
+class HostsUpdatedInterrupt(RuntimeError):
+    """Hosts were added or removed: every rank raises it at the same commit (Horovod's exception).
+
+    `skip_sync` is True when hosts were only added: the current state is still every rank's state."""
+
+    def __init__(self, skip_sync: bool = False) -> None:
+        super().__init__("hosts were updated: the world is being re-formed")
+        self.skip_sync = skip_sync
+
+
+def _default_bcast(obj: Any, root_rank: int = 0, name: str | None = None) -> Any:
+    from hpcring.torch.functions import broadcast_object
+
+    return broadcast_object(obj, root_rank=root_rank, name=name)
+
+
+def _default_rank() -> int:
+    import hpcring.torch as hvd
+
+    return int(hvd.rank())
+
+
+def _store_from_env(rank: int) -> store.CommitStore | None:
+    directory = os.environ.get(contract.DIRECTORY)
+    return store.CommitStore(directory, rank) if directory else None
+
+
+class State:
+    """State tracked across workers (Horovod's `hvd.elastic.State`); subclasses say what the state is."""
+
+    def __init__(
+        self, bcast_object: Callable[..., Any] | None = None, get_rank: Callable[[], int] | None = None
+    ) -> None:
+        self._bcast_object = bcast_object or _default_bcast
+        self._rank = get_rank or _default_rank
+        self._reset_callbacks: list[Callable[[], Any]] = []
+        self._last_updated_timestamp = 0
+        self._sync_root = 0  # the rank whose state sync() spreads (the holder of the newest commit)
+
+    def register_reset_callbacks(self, callbacks: Sequence[Callable[[], Any]]) -> None:
+        """Functions to call after each reset (workers added or removed), e.g. to rescale the LR."""
+        self._reset_callbacks.extend(callbacks)
+
+    def on_reset(self) -> None:
+        """Run the reset callbacks (the elastic runner calls it once the re-formed world has the state)."""
+        for callback in self._reset_callbacks:
+            callback()
+
+    def commit(self) -> None:
+        """Save the state (to node-local memory under the elastic driver), then check for host updates.
+
+        Commits copy every tensor, so commit every few batches rather than every batch: the trade is the
+        commit cost against the steps redone after a failure."""
+        self.save()
+        self.check_host_updates()
+
+    def check_host_updates(self) -> None:
+        """Raise `HostsUpdatedInterrupt` on every rank together when the driver announced a host change.
+
+        Rank 0's view is broadcast so all ranks decide alike (as Horovod does)."""
+        prev = self._last_updated_timestamp
+        notice = contract.read_notice(os.environ.get(contract.NOTIFY))
+        mine = (notice.timestamp, notice.result) if notice and notice.timestamp > prev else (prev, "")
+        timestamp, result = self._bcast_object(mine, 0, "elastic.host_updates")
+        self._last_updated_timestamp = int(timestamp)
+        if self._last_updated_timestamp > prev:
+            raise HostsUpdatedInterrupt(skip_sync=result == contract.ADDED)
+
+    def save(self) -> None:
+        """Save the state (Horovod: to host memory)."""
+        raise NotImplementedError()
+
+    def restore(self) -> None:
+        """Return to the last committed state, undoing any uncommitted change."""
+        raise NotImplementedError()
+
+    def sync(self) -> None:
+        """Make every rank hold the same state."""
+        raise NotImplementedError()
+
+
+class ObjectState(State):
+    """State made of plain Python values, given as keyword arguments and exposed as attributes.
+
+    Every commit of it (and of `TorchState`, which builds on it) is one encoded buffer: in memory, or a file
+    in the node-local commit store under the elastic driver. `sync()` broadcasts that buffer from one rank."""
+
+    def __init__(
+        self,
+        bcast_object: Callable[..., Any] | None = None,
+        get_rank: Callable[[], int] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self._object_names = list(kwargs)
+        for name, value in kwargs.items():
+            object.__setattr__(self, name, value)
+        super().__init__(bcast_object=bcast_object, get_rank=get_rank)
+        self._seq = 0  # commits made so far: the newest commit across nodes has the highest number
+        self._saved: bytearray | None = None  # the in-memory commit when no store is configured
+        self._pending: bytearray | None = None  # a commit read from the store, for sync() to spread
+        self._store: store.CommitStore | None = None
+        self._saved = store.encode_bytes(0, self._snapshot())  # restore() before any commit: the start
+
+    # ---- what the state is (TorchState extends these) --------------------------------------------------
+    def _snapshot(self) -> dict[str, Any]:
+        return {"objects": {name: getattr(self, name) for name in self._object_names}}
+
+    def _load(self, snap: dict[str, Any]) -> None:
+        for name, value in snap.get("objects", {}).items():
+            object.__setattr__(self, name, value)
+            if name not in self._object_names:
+                self._object_names.append(name)
+
+    # ---- Horovod's operations ---------------------------------------------------------------------------
+    def _commit_store(self) -> store.CommitStore | None:
+        if self._store is None:
+            self._store = _store_from_env(self._rank())
+        return self._store
+
+    def save(self) -> None:
+        self._seq += 1
+        target = self._commit_store()
+        if target is not None:
+            target.write(self._seq, self._snapshot())
+            self._saved = None
+        else:
+            self._saved = store.encode_bytes(self._seq, self._snapshot())
+
+    def restore(self) -> None:
+        target = self._commit_store()
+        if self._saved is None and target is not None and target.path.exists():
+            seq, snap = store.read(target.path)
+        else:
+            seq, snap = store.decode(bytearray(self._saved or b""))  # a fresh buffer: tensors may alias it
+        self._seq = seq
+        self._load(snap)
+
+    def sync(self) -> None:
+        """Broadcast the whole state from `_sync_root` (rank 0 unless resuming from a commit elsewhere)."""
+        import hpcring.torch as hvd
+
+        root = self._sync_root
+        if hvd.size() == 1 and self._pending is None:
+            return
+        torch = __import__("torch")
+        if self._rank() == root:
+            payload = (
+                self._pending
+                if self._pending is not None
+                else store.encode_bytes(self._seq, self._snapshot())
+            )
+            length = torch.tensor([len(payload)], dtype=torch.int64)
+        else:
+            payload, length = None, torch.zeros(1, dtype=torch.int64)
+        hvd.broadcast_(length, root, name="elastic.sync.len")
+        data = (
+            torch.frombuffer(payload, dtype=torch.uint8)
+            if payload is not None
+            else torch.empty(int(length.item()), dtype=torch.uint8)
+        )
+        hvd.broadcast_(data, root, name="elastic.sync.data")
+        if payload is None or self._pending is not None:
+            seq, snap = store.decode(data.numpy())
+            self._seq = seq
+            self._load(snap)
+        self._pending = None
