@@ -1,4 +1,4 @@
-"""`hpcring render`: print (or write with -o) the Slurm/LSF job script for a profile and a job."""
+"""`hpcring render`: print (or write with -o) the Slurm/LSF/PBS/Flux job script for a profile and a job."""
 
 from __future__ import annotations
 

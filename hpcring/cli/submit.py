@@ -1,6 +1,6 @@
-"""`hpcring submit`: render the job script, submit it with sbatch/bsub, print the job id; `--wait` returns the
-job's
-exit code; `--dry-run` shows the script, its files and the submit command without submitting."""
+"""`hpcring submit`: render the job script, submit it with sbatch/bsub/qsub/flux batch, print the job id;
+`--wait` returns the job's exit code; `--dry-run` shows the script, its files and the submit command without
+submitting."""
 
 from __future__ import annotations
 

@@ -1,0 +1,283 @@
+"""PBS Pro: golden scripts (hydra and PALS mpiexec, with and without a container), shellcheck, the numbers of
+the Plan, the per-rank binding the launch line gives when run through a stand-in mpiexec of each dialect, the
+GPU wrapper, and `hpcring submit` with stand-in qsub/qstat (dry run, exit codes, a job that vanishes).
+
+Regenerate the golden files after an intended change with `HPCRING_UPDATE_GOLDEN=1 pytest
+tests/schedulers/test_pbs.py`.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pbs_flux_helpers import (
+    PROBE,
+    TRAIN,
+    calls,
+    check_golden,
+    check_shellcheck,
+    derived_profile,
+    probes,
+    run_rendered,
+    tools_env,
+)
+from sched_helpers import cli, make_plan, render_plan
+
+from hpcring.errors import ProfileError
+from hpcring.schedulers import jobs_pbs, mapping, pbs, profile
+from hpcring.schedulers.job import JobSpec, Step
+from hpcring.schedulers.launchers import mpiexec_affinity
+
+PALS = {"mpi": "cray-mpich", "pbs": {"mpiexec": "pals", "filesystems": ["home", "eagle"], "keep": "doe"}}
+
+
+def _variant(name: str, tmp: Path) -> dict[str, Any]:
+    return {
+        "generic-pbs-pbs": {"profile": "generic-pbs", "nodes": 2, "command": TRAIN, "account": "proj1"},
+        "generic-pbs-container": {
+            "profile": "generic-pbs",
+            "nodes": 2,
+            "image": "/scratch/img/hpcring-gpu.sif",
+            "binds": ("/scratch",),
+            "command": TRAIN,
+        },
+        "generic-pbs-pals": {
+            "profile": derived_profile(tmp, "generic-pbs", **PALS),
+            "nodes": 2,
+            "command": TRAIN,
+            "partition": "workq",
+            "output": "logs/train.out",
+        },
+    }[name]
+
+
+@pytest.mark.parametrize("variant", ["generic-pbs-pbs", "generic-pbs-container", "generic-pbs-pals"])
+def test_golden_and_shellcheck(variant: str, tmp_path: Path) -> None:
+    job = _variant(variant, tmp_path)
+    text = render_plan(make_plan(job.pop("profile"), **job))
+    if variant == "generic-pbs-pals":  # the derived profile's path and digest vary with tmp_path
+        text = "\n".join(line for line in text.splitlines() if not line.startswith("# profile:")) + "\n"
+    check_golden(variant, text)
+    check_shellcheck(tmp_path, text)
+
+
+def test_plan_numbers_hydra() -> None:
+    p = make_plan("generic-pbs", nodes=2, command=TRAIN, account="proj1", time_s=5400)
+    d = [(x.flag, x.value) for x in p.directives]
+    assert d[:4] == [
+        ("-N", "hpcring"),
+        ("-l", "select=2:ncpus=64:ngpus=4"),
+        ("-l", "place=scatter"),
+        ("-l", "walltime=01:30:00"),
+    ]
+    assert ("-A", "proj1") in d and ("-q", "workq") in d and ("-k", "doe") in d and ("-j", "oe") in d
+    (step,) = p.steps
+    bind = "user:" + ",".join("+".join(map(str, range(8 * i, 8 * i + 8))) for i in range(4))
+    assert step.argv[:7] == ("mpiexec", "-n", "8", "-ppn", "4", "-bind-to", bind)
+    assert step.argv[7:9] == ("bash", '"$HPCRING_AFFINITY"') and step.argv[9:] == TRAIN
+    assert p.submit_argv == ("qsub",) and p.directive_prefix == "#PBS"
+
+
+def test_plan_numbers_pals(tmp_path: Path) -> None:
+    path = derived_profile(tmp_path, "generic-pbs", **PALS)
+    p = make_plan(path, nodes=3, ranks_per_node=2, gpus_per_rank=2, cpus_per_rank=4, command=("true",))
+    d = [(x.flag, x.value) for x in p.directives]
+    assert ("-l", "filesystems=home:eagle") in d and ("-l", "select=3:ncpus=64:ngpus=4") in d
+    (step,) = p.steps
+    assert step.argv[:9] == (
+        "mpiexec",
+        "-n",
+        "6",
+        "--ppn",
+        "2",
+        "--depth",
+        "4",
+        "--cpu-bind",
+        "list:0-3:16-19",
+    )
+    wrapper = p.files[0]
+    assert wrapper.var == "HPCRING_AFFINITY" and "  0) devices=0,1 ;;" in wrapper.content
+    assert "  1) devices=2,3 ;;" in wrapper.content and "  2)" not in wrapper.content
+
+
+def test_pals_needs_cray_mpich(tmp_path: Path) -> None:
+    path = derived_profile(tmp_path, "generic-pbs", mpi="openmpi", pbs={"mpiexec": "pals"})
+    with pytest.raises(
+        ProfileError, match=r"site\.pbs\.mpiexec: 'pals' starts Cray MPICH ranks.*allowed with"
+    ):
+        profile.load(path)
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"), [("it's a job", "it_s_a_job"), ("-x", "x"), ("", "job"), ("ü", "job")]
+)
+def test_job_name_for_qsub(name: str, expected: str) -> None:
+    assert pbs.job_name(name) == expected
+    assert pbs.job_name("a" * 300) == "a" * 236
+
+
+@pytest.mark.parametrize("dialect", ["hydra", "pals"])
+@pytest.mark.parametrize(("nodes", "rpn", "gpr"), [(1, 1, 1), (2, 2, 2), (2, 4, 1)])
+def test_launch_line_binding_through_standin_mpiexec(
+    dialect: str, nodes: int, rpn: int, gpr: int, tmp_path: Path
+) -> None:
+    """Run the rendered script (the wrapper included) with the stand-in mpiexec: every rank lands on the host,
+    CPUs and GPUs the RankMap gives it."""
+    site = PALS if dialect == "pals" else {}
+    path = derived_profile(tmp_path, "generic-pbs", **site)
+    spec = JobSpec(nodes=nodes, ranks_per_node=rpn, gpus_per_rank=gpr, steps=(Step(PROBE),))
+    rm = mapping.build(profile.load(path), spec)
+    text = render_plan(make_plan(path, nodes=nodes, ranks_per_node=rpn, gpus_per_rank=gpr, command=PROBE))
+    nodefile = tmp_path / "nodefile"
+    nodefile.write_text("".join(f"host{n}\n" for n in range(nodes)))
+    env = tools_env(tmp_path, PBS_NODEFILE=str(nodefile), PBS_JOBID="7.pbs", PBS_O_WORKDIR=str(tmp_path))
+    res = run_rendered(tmp_path, text, env)
+    assert res.returncode == 0, res.stderr
+    got = sorted(probes(res.stdout), key=lambda r: int(r["PMI_RANK"]))
+    expected = [
+        {
+            "STANDIN_HOST": f"host{r.node}",
+            "PMI_RANK": str(r.rank),
+            "FLUX_TASK_RANK": None,
+            "STANDIN_CPUS": ",".join(map(str, r.slot.cpus)),
+            "CUDA_VISIBLE_DEVICES": ",".join(map(str, r.slot.gpus)),
+        }
+        for r in rm.ranks()
+    ]
+    assert got == expected
+    (call,) = [c for c in calls(env) if c["tool"] == "mpiexec"]
+    assert ("--cpu-bind" in call["argv"]) == (dialect == "pals") and call["argv"][-len(PROBE) :] == list(
+        PROBE
+    )
+
+
+def test_wrapper_refuses_a_rank_it_cannot_place(tmp_path: Path) -> None:
+    p = make_plan("generic-pbs", nodes=1, command=("true",))
+    wrapper = tmp_path / "affinity.sh"
+    wrapper.write_text(p.files[0].content)
+    check_shellcheck(tmp_path, p.files[0].content, "affinity.sh")
+    for env in ({}, {"PALS_LOCAL_RANKID": "4"}):
+        res = subprocess.run(
+            ["bash", str(wrapper), "true"], capture_output=True, text=True, env=env, timeout=30
+        )
+        assert res.returncode == 2 and "hpcring: no GPU for this rank" in res.stderr
+    res = subprocess.run(
+        ["bash", str(wrapper), "sh", "-c", 'echo "$CUDA_VISIBLE_DEVICES"'],
+        capture_output=True,
+        text=True,
+        env={"PMI_LOCAL_RANK": "3", "PATH": "/usr/bin:/bin"},
+        timeout=30,
+    )
+    assert res.stdout == "3\n"
+
+
+def test_wrapper_variable_per_vendor(tmp_path: Path) -> None:
+    import yaml
+
+    data = yaml.safe_load(profile.source_of("generic-pbs")[1])
+    data["node"]["gpu_vendor"] = "amd"
+    path = tmp_path / "amd.yaml"
+    path.write_text(yaml.safe_dump(data))
+    p = make_plan(str(path), nodes=1, command=("true",))
+    assert 'export ROCR_VISIBLE_DEVICES="$devices"' in p.files[0].content
+    assert mpiexec_affinity.VISIBLE_DEVICES["intel"] == "ZE_AFFINITY_MASK"
+
+
+def test_no_wrapper_without_gpus_and_shared_visibility(tmp_path: Path) -> None:
+    assert make_plan("generic-pbs", nodes=1, gpus_per_rank=0, ranks_per_node=2, command=("true",)).files == ()
+    import yaml
+
+    data = yaml.safe_load(profile.source_of("generic-pbs")[1])
+    data["node"]["gpu_visibility"] = "shared"
+    path = tmp_path / "shared.yaml"
+    path.write_text(yaml.safe_dump(data))
+    p = make_plan(str(path), nodes=1, command=("true",))
+    assert p.files == () and dict(p.env)["HPCRING_RANK_GPUS"] == "0|1|2|3"
+
+
+# --- submit -------------------------------------------------------------------------------------------------
+
+
+def _submit(tmp_path: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return cli(
+        "submit", "--profile", "generic-pbs", "--nodes", "2", "--ranks-per-node", "2", "--poll", "0.1",
+        "--script-dir", str(tmp_path / "jobs"), *args, env=env, cwd=tmp_path,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(("step", "code"), [("true", 0), ("exit 3", 3)])
+def test_submit_wait_returns_the_job_exit_code(step: str, code: int, tmp_path: Path) -> None:
+    env = tools_env(tmp_path)
+    res = _submit(tmp_path, env, "--wait", "--step", step)
+    assert res.returncode == code, res.stderr
+    assert res.stdout.splitlines() == ["1234.pbs-standin"]
+    assert f"job 1234.pbs-standin ended: F, exit code {code}" in res.stderr
+    (script,) = (tmp_path / "jobs").glob("hpcring-*.sh")
+    tools = [(c["tool"], c["argv"]) for c in calls(env)]
+    assert tools[0] == ("qsub", [str(script)])
+    assert ("qstat", ["-x", "-f", "-F", "json", "1234.pbs-standin"]) in tools
+    assert [t for t, _ in tools].count("mpiexec") == 1
+    # The job ran where qsub was called (PBS_O_WORKDIR), its output joined in NAME.oSEQ there.
+    assert (tmp_path / "hpcring.o1234").exists()
+
+
+def test_submit_wait_text_qstat_and_vanishing_job(tmp_path: Path) -> None:
+    env = tools_env(tmp_path, STANDIN_QSTAT_NO_JSON="1")
+    res = _submit(tmp_path, env, "--wait", "--step", "exit 4")
+    assert res.returncode == 4, res.stderr
+    assert ("qstat", ["-x", "-f", "1234.pbs-standin"]) in [(c["tool"], c["argv"]) for c in calls(env)]
+    gone = tools_env(tmp_path / "gone", STANDIN_PBS_HISTORY="0")
+    res = _submit(tmp_path / "gone", gone, "--wait", "--step", "sleep 0.5")
+    assert res.returncode == 1
+    assert "job 1234.pbs-standin left the PBS queue without a recorded exit status" in res.stderr
+    assert "Unknown Job Id 1234.pbs-standin" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_submit_dry_run_prints_exactly_what_would_run(tmp_path: Path) -> None:
+    env = tools_env(tmp_path)
+    out = tmp_path / "jobs" / "train.sh"
+    res = _submit(tmp_path, env, "--dry-run", "-o", str(out), "--", "python", "t.py")
+    assert res.returncode == 0, res.stderr
+    rendered = cli(
+        "render", "--profile", "generic-pbs", "--nodes", "2", "--ranks-per-node", "2", "-o", str(out),
+        "--", "python", "t.py", env=env, cwd=tmp_path,
+    )  # fmt: skip
+    assert rendered.returncode == 0
+    script = out.read_text()
+    affinity = (tmp_path / "jobs" / "train.affinity").read_text()
+    assert res.stdout == (
+        f"# script: {out}\n{script}# file: {tmp_path / 'jobs' / 'train.affinity'}\n{affinity}"
+        f"# would run: qsub {out}\n"
+    )
+    assert calls(env) == []
+
+
+def test_submit_refused(tmp_path: Path) -> None:
+    env = tools_env(tmp_path, STANDIN_QSUB_REFUSE="Unauthorized Request")
+    res = _submit(tmp_path, env, "--", "true")
+    assert res.returncode == 1 and "qsub refused the job (exit 1): qsub: Unauthorized Request" in res.stderr
+
+
+@pytest.mark.parametrize(
+    ("stdout", "job_id"),
+    [
+        (
+            "1234.polaris-pbs-01.hsn.cm.polaris.alcf.anl.gov\n",
+            "1234.polaris-pbs-01.hsn.cm.polaris.alcf.anl.gov",
+        ),
+        ("77[].server\n", "77[].server"),
+        ("99\n", "99"),
+        ("qsub: warning\n5.s\n", "5.s"),
+        ("nothing\n", None),
+    ],
+)
+def test_job_id_parsing(stdout: str, job_id: str | None) -> None:
+    assert jobs_pbs.job_id(stdout) == job_id
+
+
+@pytest.mark.parametrize(("status", "code"), [(0, 0), (3, 3), (137, 137), (265, 137), (271, 143), (-1, 1)])
+def test_exit_status_to_exit_code(status: int, code: int) -> None:
+    assert jobs_pbs.exit_code(status) == code
