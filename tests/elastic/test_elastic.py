@@ -1,0 +1,189 @@
+"""Elastic training end to end: real `hpcring run` elastic driver, real mpiexec, real SIGKILLs.
+
+Hosts are loopback names (127.0.0.1, 127.0.0.2, ...): each is a distinct host to the driver (it blacklists
+them one by one) while every rank runs on this machine. Every launch is under `timeout`; each test checks
+several things about its launches, since launches are the expensive part on 2 cores.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+import torch
+from support import ROOT
+
+PROGRAM = str(Path(__file__).with_name("train_program.py"))
+WORLD = re.compile(
+    r"^\[(\d+)\]<stdout>:WORLD gen=(\d+) size=(\d+) rank=\d+ step=(\d+) epoch=\d+ wsum=(\S+) t=(\S+)$"
+)
+STEP = re.compile(r"^\[(\d+)\]<stdout>:STEP (\d+) size=(\d+) t=(\S+)$")
+KILL = re.compile(r"^\[(\d+)\]<stdout>:KILL rank=\d+ step=(\d+) t=(\S+)$")
+END = re.compile(r"^\[(\d+)\]<stdout>:END (\w+) size=(\d+) rank=\d+ step=(\d+) wsum=(\S+)$")
+
+
+def hosts(n: int) -> str:
+    return ",".join(f"127.0.0.{i + 1}:1" for i in range(n))
+
+
+def launch(
+    flags: Sequence[str],
+    program_args: Sequence[str],
+    *,
+    env: dict[str, str] | None = None,
+    timeout: int = 240,
+) -> subprocess.CompletedProcess[str]:
+    """`hpcring run FLAGS -- python train_program.py ARGS` under timeout (never hangs)."""
+    py = sys.executable
+    argv = [py, "-m", "hpcring", "run", *flags, "--", py, "-W", "ignore", PROGRAM, *program_args]
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    full_env.pop("HPCRING_ELASTIC_DIR", None)  # the driver's own store unless the test names one
+    full_env.update(env or {})
+    return subprocess.run(
+        ["timeout", "-k", "5", str(timeout), *argv],
+        cwd=ROOT,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+def matches(pattern: re.Pattern[str], text: str) -> list[tuple[str, ...]]:
+    return [m.groups() for line in text.splitlines() if (m := pattern.match(line))]
+
+
+def no_orphans(marker: str) -> None:
+    """No process of this test's job is left (the marker is a path only this test's commands carry)."""
+    out = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True, check=False)
+    assert out.stdout.strip() == "", f"processes left behind: {out.stdout}"
+
+
+def recovery_s(out: str) -> float:
+    """Seconds from the SIGKILL to the first step completed by the next world."""
+    (_, _, killed_at), *_ = matches(KILL, out)
+    resumed_at = min(float(t) for _, g, _, _, _, t in matches(WORLD, out) if g == "1")
+    after = [float(t) for _, _, _, t in matches(STEP, out) if float(t) > resumed_at]
+    return min(after) - float(killed_at)
+
+
+@pytest.mark.parametrize("np", [2, 3, 4])
+def test_a_killed_rank_shrinks_the_world_and_training_matches_the_same_schedule(
+    tmp_path: Path, np: int
+) -> None:
+    """kill -9 of one rank after step 5 (last commit: step 4): the others go on at np-1 from step 4 and
+    finish; the final weights equal those of a run that trains steps 1-4 at np and the rest at np-1 with no
+    failure (same seeds, ElasticSampler, the same commit/restore path)."""
+    final = tmp_path / "elastic.pt"
+    res = launch(
+        ["-H", hosts(np), "--min-np", str(np - 1), "--reset-limit", "1"],
+        ["--kill-rank", "1", "--kill-step", "5", "--out", str(final)],
+    )
+    out, err = res.stdout, res.stderr
+    assert res.returncode == 0, err[-3000:]
+    worlds = {(int(g), int(s), int(step)) for _, g, s, step, _, _ in matches(WORLD, out)}
+    assert worlds == {(0, np, 0), (1, np - 1, 4)}, worlds
+    assert "rank 1 was killed by signal 9 (SIGKILL)" in err
+    assert "host 127.0.0.2 (rank 1" in err and "blacklisted for good" in err
+    ends = matches(END, out)
+    assert len(ends) == np - 1 and {e[2] for e in ends} == {str(np - 1)} and len({e[4] for e in ends}) == 1
+    rec = recovery_s(out)
+    print(f"recovery at {np} -> {np - 1} ranks: {rec:.2f} s (SIGKILL -> first step of the next world)")
+    no_orphans(str(final))
+
+    # The same schedule of sizes without a failure: steps 1-4 at np ranks, then np-1 from that commit.
+    commits = tmp_path / "commits"
+    reference = tmp_path / "reference.pt"
+    env = {"HPCRING_ELASTIC_DIR": str(commits)}
+    first = launch(["-np", str(np)], ["--stop-after", "4"], env=env)
+    assert first.returncode == 0, first.stderr[-3000:]
+    second = launch(["-np", str(np - 1)], ["--out", str(reference)], env=env)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert {(int(s), int(step)) for _, _, s, step, _, _ in matches(WORLD, second.stdout)} == {(np - 1, 4)}
+    got, want = torch.load(final), torch.load(reference)
+    assert got.keys() == want.keys()
+    for name in want:
+        assert torch.equal(got[name], want[name]), name
+
+
+def test_discovery_adds_a_host_and_the_new_worker_gets_the_state(tmp_path: Path) -> None:
+    """Discovery starts with 2 hosts; at step 3 a third appears: the driver announces it, the workers save at
+    their next commit and leave, and the next world trains at size 3 from that state (the new rank's weights
+    equal the others'), to the end."""
+    listing = tmp_path / "hosts.txt"
+    listing.write_text("127.0.0.1:1\n127.0.0.2:1\n")
+    script = tmp_path / "discover.sh"
+    script.write_text(f"#!/bin/sh\ncat '{listing}'\n")
+    script.chmod(0o755)
+    res = launch(
+        ["--min-np", "2", "--max-np", "3", "--host-discovery-script", str(script)],
+        [
+            "--grow-file",
+            str(listing),
+            "--grow-step",
+            "3",
+            "--grow-host",
+            "127.0.0.3:1",
+            "--step-sleep",
+            "0.4",
+        ],
+    )
+    out, err = res.stdout, res.stderr
+    assert res.returncode == 0, err[-3000:]
+    assert "hosts changed (+127.0.0.3)" in err
+    worlds = matches(WORLD, out)
+    sizes = sorted({(int(g), int(s)) for _, g, s, _, _, _ in worlds})
+    assert sizes == [(0, 2), (1, 3)], sizes
+    resumed = [w for w in worlds if w[1] == "1"]
+    assert len(resumed) == 3 and len({w[3] for w in resumed}) == 1 and len({w[4] for w in resumed}) == 1
+    assert int(resumed[0][3]) >= 4 and int(resumed[0][3]) % 2 == 0  # the commit the workers left at
+    ends = matches(END, out)
+    assert len(ends) == 3 and {e[2] for e in ends} == {"3"} and len({e[4] for e in ends}) == 1
+    no_orphans(str(listing))
+
+
+def test_failures_beyond_the_reset_limit_end_the_job(tmp_path: Path) -> None:
+    """Rank 1 dies in every world; --reset-limit 1 allows one relaunch: the second failure ends the job
+    with the failing rank's status and a line naming the limit, and leaves no process behind."""
+    marker = tmp_path / "marker.pt"
+    res = launch(
+        ["-H", hosts(4), "--min-np", "2", "--reset-limit", "1"],
+        ["--kill-rank", "1", "--kill-step", "3", "--kill-worlds", "0,1,2", "--out", str(marker)],
+    )
+    assert res.returncode == 128 + 9, res.stderr[-3000:]
+    assert "--reset-limit 1 reached" in res.stderr
+    assert res.stderr.count("hpcring run: rank 1 was killed by signal 9") == 2
+    no_orphans(str(marker))
+
+
+def test_below_min_np_for_longer_than_the_elastic_timeout_ends_the_job(tmp_path: Path) -> None:
+    """Two hosts, --min-np 2: after one is blacklisted only one slot is left; the driver waits
+    --elastic-timeout seconds, then ends the job with a line that says so."""
+    marker = tmp_path / "marker.pt"
+    res = launch(
+        ["-H", hosts(2), "--min-np", "2", "--elastic-timeout", "2"],
+        ["--kill-rank", "1", "--kill-step", "3", "--out", str(marker)],
+    )
+    assert res.returncode == 1, res.stderr[-3000:]
+    assert "fewer than --min-np 2 for 2 s (--elastic-timeout); ending the job" in res.stderr
+    assert "blacklisted: 127.0.0.2" in res.stderr
+    no_orphans(str(marker))
+
+
+def test_a_blacklisted_host_comes_back_after_its_cooldown(tmp_path: Path) -> None:
+    """With --blacklist-cooldown-range the failed host is out for a while, then the next world uses it
+    again: two hosts, --min-np 2, the relaunch waits for the cooldown and runs at size 2."""
+    marker = tmp_path / "marker.pt"
+    res = launch(
+        ["-H", hosts(2), "--min-np", "2", "--blacklist-cooldown-range", "1", "3", "--elastic-timeout", "30"],
+        ["--kill-rank", "1", "--kill-step", "3", "--out", str(marker)],
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert re.search(r"host 127\.0\.0\.2 \(rank 1.*blacklisted for [1-9] s", res.stderr), res.stderr[-2000:]
+    assert {(int(g), int(s)) for _, g, s, _, _, _ in matches(WORLD, res.stdout)} == {(0, 2), (1, 2)}
+    no_orphans(str(marker))
