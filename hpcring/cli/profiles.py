@@ -1,5 +1,5 @@
-"""`hpcring profiles list|show NAME|validate FILE|schema`: what the built-in profiles are and whether yours is
-valid."""
+"""`hpcring profiles list|show NAME|validate FILE|schema|init`: what the built-in profiles are, whether yours
+is valid, and a first profile for the cluster you are on."""
 
 from __future__ import annotations
 
@@ -26,6 +26,27 @@ def register(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="schema version to print (profiles: 1 or 2); default: the newest [env HPCRING_SCHEMA_VERSION]",
     )
+    init = sub.add_parser(
+        "init",
+        help="write a profile (schema v2) for this cluster: run it on a compute node",
+        description="Reads /sys (CPUs, NUMA, NICs), lstopo, nvidia-smi/rocm-smi and the batch system "
+        "(scontrol/sinfo, qstat, flux, bqueues); what it cannot find out is left as TODO comments.",
+    )
+    init.add_argument(
+        "-o", "--output", metavar="FILE", help="write here instead of stdout [env HPCRING_INIT_OUTPUT]"
+    )
+    init.add_argument(
+        "--name", help="profile name (default: Slurm's ClusterName or the host name) [env HPCRING_INIT_NAME]"
+    )
+    init.add_argument(
+        "--sysfs-root", metavar="DIR", help="read this /sys tree instead of /sys [env HPCRING_SYSFS_ROOT]"
+    )
+    init.add_argument(
+        "--from-dir",
+        metavar="DIR",
+        help="read recorded tool outputs (<source>.txt, e.g. scontrol-partition.txt) instead of running the "
+        "tools [env HPCRING_INIT_FROM_DIR]",
+    )
 
 
 def _schema(name: str, version: int | None) -> int:
@@ -39,6 +60,46 @@ def _schema(name: str, version: int | None) -> int:
     if chosen not in shipped:
         raise ConfigError(f"--schema-version: no {name} schema {chosen}; allowed: {choices(shipped)}")
     print(validation.schema_text(name, chosen), end="")
+    return 0
+
+
+def _init(args: argparse.Namespace) -> int:
+    import os
+    import socket
+    from pathlib import Path
+
+    from hpcring.schedulers.init import compose, probe, sysfs, writer
+
+    def opt(value: str | None, var: str) -> str | None:
+        return value if value is not None else (os.environ.get(var) or None)
+
+    output = opt(args.output, "HPCRING_INIT_OUTPUT")
+    root = Path(opt(args.sysfs_root, "HPCRING_SYSFS_ROOT") or "/sys")
+    from_dir = opt(args.from_dir, "HPCRING_INIT_FROM_DIR")
+    if not root.is_dir():
+        raise ProfileError(f"--sysfs-root: {str(root)!r} is not a directory")
+    if from_dir is not None:
+        if not Path(from_dir).is_dir():
+            raise ProfileError(f"--from-dir: {from_dir!r} is not a directory")
+        outputs, notes = probe.read_dir(Path(from_dir)), list[str]()
+    else:
+        outputs, notes = probe.run_all()
+    draft = compose.compose(
+        sysfs.read_tree(root), outputs, opt(args.name, "HPCRING_INIT_NAME"), socket.gethostname()
+    )
+    draft.notes.extend(notes)
+    text = writer.render(draft)
+    from hpcring.schedulers import profile
+
+    profile.parse(text, "profiles init (generated)")  # never hand out a file that does not validate
+    if output is None:
+        print(text, end="")
+        return 0
+    path = Path(output)
+    if path.exists():
+        raise ProfileError(f"--output: {output!r} exists; remove it or choose another file")
+    path.write_text(text, "utf-8")
+    print(f"wrote {output}: profile {draft.name!r} from {', '.join(draft.sources) or 'no source'}")
     return 0
 
 
@@ -83,4 +144,6 @@ def main(args: argparse.Namespace) -> int:
         return 0
     if args.action == "validate":
         return _validate(args.file)
+    if args.action == "init":
+        return _init(args)
     return _schema("job" if args.job else "profile", args.schema_version)
