@@ -40,7 +40,9 @@ def select(rm: RankMap) -> str:
     ncpus = opts.ncpus if opts.ncpus is not None else node.cores * node.threads_per_core
     chunk = f"select={shape.nodes}:ncpus={ncpus}"
     if shape.gpus_per_rank:
-        chunk += f":ngpus={len(node.gpus)}"
+        # PBS counts physical GPUs; the node lists each tile of a tiled GPU (Intel Max) as an entry.
+        devices = {g.device if g.device is not None else g.index for g in node.gpus}
+        chunk += f":ngpus={len(devices)}"
     for key, value in opts.select:
         chunk += f":{key}={value}"
     return chunk

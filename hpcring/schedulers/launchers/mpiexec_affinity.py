@@ -30,9 +30,8 @@ def needed(rm: RankMap) -> bool:
 def devices(slot: Slot) -> str:
     """What the visibility variable holds for this slot: "0", "0,1", or tiles "0.0,0.1" where the mapping
     gives tiles."""
-    tiles = getattr(slot, "tiles", None)
-    if tiles:
-        return ",".join(f"{gpu}.{tile}" for gpu, tile in tiles)
+    if slot.tiles:
+        return ",".join(f"{gpu}.{tile}" for gpu, tile in slot.tiles)
     return ",".join(str(g) for g in slot.gpus)
 
 

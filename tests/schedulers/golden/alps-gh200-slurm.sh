@@ -28,5 +28,5 @@ export HPCRING_PROFILE=alps-gh200
 
 # Steps run one after another; each launcher call returns only when all its ranks have ended (a barrier across
 # every node), and the first failing step ends the job with its exit code.
-echo 'hpcring: step 1/1: python train.py --epochs 3' >&2
+printf '%s\n' 'hpcring: step 1/1: python train.py --epochs 3' >&2
 srun --nodes=2 --ntasks=8 --ntasks-per-node=4 --cpus-per-task=72 --cpu-bind=mask_cpu:0xffffffffffffffffff,0xffffffffffffffffff000000000000000000,0xffffffffffffffffff000000000000000000000000000000000000,0xffffffffffffffffff000000000000000000000000000000000000000000000000000000 --gpus-per-task=1 --gpu-bind=map_gpu:0,1,2,3 --kill-on-bad-exit=1 python train.py --epochs 3

@@ -5,7 +5,7 @@
 # Values are single-quoted on purpose: a `$` or backtick in them reaches the ranks literally.
 # shellcheck disable=SC2016
 #PBS -N hpcring
-#PBS -l select=2:ncpus=208:ngpus=12
+#PBS -l select=2:ncpus=208:ngpus=6
 #PBS -l place=scatter
 #PBS -l walltime=01:00:00
 #PBS -l filesystems=flare
@@ -58,5 +58,5 @@ HPCRING_EOF
 
 # Steps run one after another; each launcher call returns only when all its ranks have ended (a barrier across
 # every node), and the first failing step ends the job with its exit code.
-echo 'hpcring: step 1/1: python train.py --epochs 3' >&2
+printf '%s\n' 'hpcring: step 1/1: python train.py --epochs 3' >&2
 mpiexec -n 24 --ppn 12 --depth 8 --cpu-bind list:1-8:9-16:17-24:25-32:33-40:41-48:53-60:61-68:69-76:77-84:85-92:93-100 bash "$HPCRING_AFFINITY" python train.py --epochs 3

@@ -41,7 +41,7 @@ if ! command -v apptainer >/dev/null 2>&1; then
   exit 2
 fi
 if [ ! -e /lustre/orion/img/train.sif ]; then
-  echo 'hpcring: container image not found: '/lustre/orion/img/train.sif >&2
+  printf '%s\n' 'hpcring: container image not found: /lustre/orion/img/train.sif' >&2
   exit 2
 fi
 if [ -z "${CRAY_MPICH_ROOTDIR:-}" ]; then
@@ -59,5 +59,5 @@ fi
 
 # Steps run one after another; each launcher call returns only when all its ranks have ended (a barrier across
 # every node), and the first failing step ends the job with its exit code.
-echo 'hpcring: step 1/1: python train.py --epochs 3' >&2
+printf '%s\n' 'hpcring: step 1/1: python train.py --epochs 3' >&2
 srun --nodes=1 --ntasks=8 --ntasks-per-node=8 --cpus-per-task=7 --threads-per-core=1 --cpu-bind=mask_cpu:0xfe000000000000,0xfe00000000000000,0xfe0000,0xfe000000,0xfe,0xfe00,0xfe00000000,0xfe0000000000 --gpus-per-task=1 --gpu-bind=closest --kill-on-bad-exit=1 apptainer exec --rocm --bind /lustre/orion --bind /usr/share/libdrm --bind /var/spool/slurmd --bind /opt/cray --bind /usr/lib64/libjansson.so.4:/opt/hpcring/host-libs/libjansson.so.4 --bind /usr/lib64/libgfortran.so.5:/opt/hpcring/host-libs/libgfortran.so.5 --bind /usr/lib64/libnl-3.so.200:/opt/hpcring/host-libs/libnl-3.so.200 --bind /lib64/libtinfo.so.6:/opt/hpcring/host-libs/libtinfo.so.6 --bind /usr/lib64/libjson-c.so.5:/opt/hpcring/host-libs/libjson-c.so.5 --bind /usr/lib64/libcxi.so.1:/opt/hpcring/host-libs/libcxi.so.1 --bind /opt/xpmem/lib64/libxpmem.so.0:/opt/hpcring/host-libs/libxpmem.so.0 --env LD_LIBRARY_PATH="${CRAY_MPICH_ROOTDIR}"/gtl/lib:/opt/cray/lib64:"${CRAY_LD_LIBRARY_PATH}":"${LD_LIBRARY_PATH}":/opt/cray/pe/lib64:/opt/hpcring/host-libs:/.singularity.d/libs:'$LD_LIBRARY_PATH' --env MPI4PY_LIBMPI=libmpi.so.12 --env LD_PRELOAD="${CRAY_MPICH_ROOTDIR}"/gtl/lib/libmpi_gtl_hsa.so.0 --bind /ccs/home /lustre/orion/img/train.sif python train.py --epochs 3

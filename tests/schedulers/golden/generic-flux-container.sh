@@ -30,11 +30,11 @@ if ! command -v apptainer >/dev/null 2>&1; then
   exit 2
 fi
 if [ ! -e /p/lustre1/img/hpcring-gpu.sif ]; then
-  echo 'hpcring: container image not found: '/p/lustre1/img/hpcring-gpu.sif >&2
+  printf '%s\n' 'hpcring: container image not found: /p/lustre1/img/hpcring-gpu.sif' >&2
   exit 2
 fi
 
 # Steps run one after another; each launcher call returns only when all its ranks have ended (a barrier across
 # every node), and the first failing step ends the job with its exit code.
-echo 'hpcring: step 1/1: python train.py --epochs 3' >&2
+printf '%s\n' 'hpcring: step 1/1: python train.py --epochs 3' >&2
 flux run -N 2 -n 8 -c 8 -g 1 --exclusive -o cpu-affinity=per-task -o gpu-affinity=per-task apptainer exec --nv --bind /dev/infiniband --bind /p/lustre1 /p/lustre1/img/hpcring-gpu.sif python train.py --epochs 3

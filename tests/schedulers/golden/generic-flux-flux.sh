@@ -27,5 +27,5 @@ export HPCRING_PROFILE=generic-flux
 
 # Steps run one after another; each launcher call returns only when all its ranks have ended (a barrier across
 # every node), and the first failing step ends the job with its exit code.
-echo 'hpcring: step 1/1: python train.py --epochs 3' >&2
+printf '%s\n' 'hpcring: step 1/1: python train.py --epochs 3' >&2
 flux run -N 2 -n 8 -c 8 -g 1 --exclusive -o cpu-affinity=per-task -o gpu-affinity=per-task python train.py --epochs 3

@@ -29,5 +29,5 @@ HPCRING_EOF
 
 # Steps run one after another; each launcher call returns only when all its ranks have ended (a barrier across
 # every node), and the first failing step ends the job with its exit code.
-echo 'hpcring: step 1/1: python train.py --epochs 3' >&2
+printf '%s\n' 'hpcring: step 1/1: python train.py --epochs 3' >&2
 mpirun -n 4 --map-by rankfile:FILE="$HPCRING_RANKFILE":HWTCPUS python train.py --epochs 3

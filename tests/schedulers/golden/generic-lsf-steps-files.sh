@@ -26,7 +26,7 @@ HPCRING_RANKFILE=/jobs/generic-lsf-steps-files.rankfile
 
 # Steps run one after another; each launcher call returns only when all its ranks have ended (a barrier across
 # every node), and the first failing step ends the job with its exit code.
-echo 'hpcring: step 1/2: hostname' >&2
+printf '%s\n' 'hpcring: step 1/2: hostname' >&2
 mpirun -n 8 --map-by rankfile:FILE="$HPCRING_RANKFILE":HWTCPUS hostname
-echo 'hpcring: step 2/2: python train.py --epochs 3' >&2
+printf '%s\n' 'hpcring: step 2/2: python train.py --epochs 3' >&2
 mpirun -n 8 --map-by rankfile:FILE="$HPCRING_RANKFILE":HWTCPUS python train.py --epochs 3

@@ -49,5 +49,5 @@ HPCRING_EOF
 
 # Steps run one after another; each launcher call returns only when all its ranks have ended (a barrier across
 # every node), and the first failing step ends the job with its exit code.
-echo 'hpcring: step 1/1: python train.py --epochs 3' >&2
+printf '%s\n' 'hpcring: step 1/1: python train.py --epochs 3' >&2
 mpiexec -n 8 -ppn 4 -bind-to user:0+1+2+3+4+5+6+7,8+9+10+11+12+13+14+15,16+17+18+19+20+21+22+23,24+25+26+27+28+29+30+31 bash "$HPCRING_AFFINITY" python train.py --epochs 3

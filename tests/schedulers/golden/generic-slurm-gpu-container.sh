@@ -31,11 +31,11 @@ if ! command -v apptainer >/dev/null 2>&1; then
   exit 2
 fi
 if [ ! -e /scratch/img/hpcring-gpu.sif ]; then
-  echo 'hpcring: container image not found: '/scratch/img/hpcring-gpu.sif >&2
+  printf '%s\n' 'hpcring: container image not found: /scratch/img/hpcring-gpu.sif' >&2
   exit 2
 fi
 
 # Steps run one after another; each launcher call returns only when all its ranks have ended (a barrier across
 # every node), and the first failing step ends the job with its exit code.
-echo 'hpcring: step 1/1: python train.py --epochs 3' >&2
+printf '%s\n' 'hpcring: step 1/1: python train.py --epochs 3' >&2
 srun --nodes=2 --ntasks=16 --ntasks-per-node=8 --cpus-per-task=8 --threads-per-core=1 --cpu-bind=mask_cpu:0xff,0xff00,0xff0000,0xff000000,0xff00000000,0xff0000000000,0xff000000000000,0xff00000000000000 --gpus-per-task=1 --gpu-bind=map_gpu:0,1,2,3,4,5,6,7 --kill-on-bad-exit=1 --mpi=pmix apptainer exec --nv --bind /dev/infiniband --bind /scratch /scratch/img/hpcring-gpu.sif python train.py --epochs 3

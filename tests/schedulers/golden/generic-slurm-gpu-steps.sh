@@ -29,9 +29,9 @@ cd '/scratch/run 1'
 
 # Steps run one after another; each launcher call returns only when all its ranks have ended (a barrier across
 # every node), and the first failing step ends the job with its exit code.
-echo 'hpcring: step 1/3: prepare' >&2
+printf '%s\n' 'hpcring: step 1/3: prepare' >&2
 srun --nodes=2 --ntasks=8 --ntasks-per-node=4 --cpus-per-task=16 --threads-per-core=1 --cpu-bind=mask_cpu:0xffff,0xffff0000,0xffff00000000,0xffff000000000000 --gpus-per-task=2 --gpu-bind=mask_gpu:0x3,0xc,0x30,0xc0 --kill-on-bad-exit=1 --mpi=pmix bash -c 'python prep.py --out "$DATA"'
-echo 'hpcring: step 2/3: python train.py --epochs 3' >&2
+printf '%s\n' 'hpcring: step 2/3: python train.py --epochs 3' >&2
 srun --nodes=2 --ntasks=8 --ntasks-per-node=4 --cpus-per-task=16 --threads-per-core=1 --cpu-bind=mask_cpu:0xffff,0xffff0000,0xffff00000000,0xffff000000000000 --gpus-per-task=2 --gpu-bind=mask_gpu:0x3,0xc,0x30,0xc0 --kill-on-bad-exit=1 --mpi=pmix python train.py --epochs 3
-echo 'hpcring: step 3/3: python eval.py' >&2
+printf '%s\n' 'hpcring: step 3/3: python eval.py' >&2
 srun --nodes=2 --ntasks=8 --ntasks-per-node=4 --cpus-per-task=16 --threads-per-core=1 --cpu-bind=mask_cpu:0xffff,0xffff0000,0xffff00000000,0xffff000000000000 --gpus-per-task=2 --gpu-bind=mask_gpu:0x3,0xc,0x30,0xc0 --kill-on-bad-exit=1 --mpi=pmix python eval.py

@@ -29,11 +29,11 @@ if ! command -v singularity >/dev/null 2>&1; then
   exit 2
 fi
 if [ ! -e /scratch/img/cpu.sif ]; then
-  echo 'hpcring: container image not found: '/scratch/img/cpu.sif >&2
+  printf '%s\n' 'hpcring: container image not found: /scratch/img/cpu.sif' >&2
   exit 2
 fi
 
 # Steps run one after another; each launcher call returns only when all its ranks have ended (a barrier across
 # every node), and the first failing step ends the job with its exit code.
-echo 'hpcring: step 1/1: python train.py --epochs 3' >&2
+printf '%s\n' 'hpcring: step 1/1: python train.py --epochs 3' >&2
 srun --nodes=1 --ntasks=8 --ntasks-per-node=8 --cpus-per-task=16 --threads-per-core=1 --cpu-bind=mask_cpu:0xffff,0xffff0000,0xffff00000000,0xffff000000000000,0xffff0000000000000000,0xffff00000000000000000000,0xffff000000000000000000000000,0xffff0000000000000000000000000000 --kill-on-bad-exit=1 singularity exec /scratch/img/cpu.sif python train.py --epochs 3

@@ -25,5 +25,5 @@ export HPCRING_PROFILE=lumi-c
 
 # Steps run one after another; each launcher call returns only when all its ranks have ended (a barrier across
 # every node), and the first failing step ends the job with its exit code.
-echo 'hpcring: step 1/1: python train.py --epochs 3' >&2
+printf '%s\n' 'hpcring: step 1/1: python train.py --epochs 3' >&2
 srun --nodes=2 --ntasks=32 --ntasks-per-node=16 --cpus-per-task=8 --threads-per-core=1 --cpu-bind=mask_cpu:0xff,0xff00,0xff0000,0xff000000,0xff00000000,0xff0000000000,0xff000000000000,0xff00000000000000,0xff0000000000000000,0xff000000000000000000,0xff00000000000000000000,0xff0000000000000000000000,0xff000000000000000000000000,0xff00000000000000000000000000,0xff0000000000000000000000000000,0xff000000000000000000000000000000 --kill-on-bad-exit=1 python train.py --epochs 3

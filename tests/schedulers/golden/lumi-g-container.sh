@@ -34,11 +34,11 @@ if ! command -v singularity >/dev/null 2>&1; then
   exit 2
 fi
 if [ ! -e /scratch/project_465000000/train.sif ]; then
-  echo 'hpcring: container image not found: '/scratch/project_465000000/train.sif >&2
+  printf '%s\n' 'hpcring: container image not found: /scratch/project_465000000/train.sif' >&2
   exit 2
 fi
 
 # Steps run one after another; each launcher call returns only when all its ranks have ended (a barrier across
 # every node), and the first failing step ends the job with its exit code.
-echo 'hpcring: step 1/1: python train.py --epochs 3' >&2
+printf '%s\n' 'hpcring: step 1/1: python train.py --epochs 3' >&2
 srun --nodes=2 --ntasks=16 --ntasks-per-node=8 --cpus-per-task=7 --threads-per-core=1 --cpu-bind=mask_cpu:0xfe000000000000,0xfe00000000000000,0xfe0000,0xfe000000,0xfe,0xfe00,0xfe00000000,0xfe0000000000 --gpus-per-task=1 --gpu-bind=map_gpu:0,1,2,3,4,5,6,7 --kill-on-bad-exit=1 singularity exec --rocm --bind /scratch/project_465000000 /scratch/project_465000000/train.sif python train.py --epochs 3

@@ -30,5 +30,5 @@ export MPICH_GPU_SUPPORT_ENABLED=1
 
 # Steps run one after another; each launcher call returns only when all its ranks have ended (a barrier across
 # every node), and the first failing step ends the job with its exit code.
-echo 'hpcring: step 1/1: python train.py --epochs 3' >&2
+printf '%s\n' 'hpcring: step 1/1: python train.py --epochs 3' >&2
 srun --nodes=4 --ntasks=32 --ntasks-per-node=8 --cpus-per-task=7 --threads-per-core=1 --cpu-bind=mask_cpu:0xfe000000000000,0xfe00000000000000,0xfe0000,0xfe000000,0xfe,0xfe00,0xfe00000000,0xfe0000000000 --gpus-per-task=1 --gpu-bind=map_gpu:0,1,2,3,4,5,6,7 --kill-on-bad-exit=1 python train.py --epochs 3

@@ -37,5 +37,5 @@ export MPICH_GPU_SUPPORT_ENABLED=1
 
 # Steps run one after another; each launcher call returns only when all its ranks have ended (a barrier across
 # every node), and the first failing step ends the job with its exit code.
-echo 'hpcring: step 1/1: python train.py --epochs 3' >&2
+printf '%s\n' 'hpcring: step 1/1: python train.py --epochs 3' >&2
 srun --nodes=2 --ntasks=8 --ntasks-per-node=4 --cpus-per-task=32 --threads-per-core=2 --cpu-bind=mask_cpu:0xffff000000000000ffff000000000000,0xffff000000000000ffff00000000,0xffff000000000000ffff0000,0xffff000000000000ffff --gpus-per-node=4 --gpu-bind=none --kill-on-bad-exit=1 python train.py --epochs 3

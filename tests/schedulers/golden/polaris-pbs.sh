@@ -51,5 +51,5 @@ HPCRING_EOF
 
 # Steps run one after another; each launcher call returns only when all its ranks have ended (a barrier across
 # every node), and the first failing step ends the job with its exit code.
-echo 'hpcring: step 1/1: python train.py --epochs 3' >&2
+printf '%s\n' 'hpcring: step 1/1: python train.py --epochs 3' >&2
 mpiexec -n 8 --ppn 4 --depth 8 --cpu-bind list:24-31:16-23:8-15:0-7 bash "$HPCRING_AFFINITY" python train.py --epochs 3

@@ -45,11 +45,11 @@ if ! command -v singularity >/dev/null 2>&1; then
   exit 2
 fi
 if [ ! -e train.sif ]; then
-  echo 'hpcring: container image not found: 'train.sif >&2
+  printf '%s\n' 'hpcring: container image not found: train.sif' >&2
   exit 2
 fi
 
 # Steps run one after another; each launcher call returns only when all its ranks have ended (a barrier across
 # every node), and the first failing step ends the job with its exit code.
-echo 'hpcring: step 1/1: python train.py --epochs 3' >&2
+printf '%s\n' 'hpcring: step 1/1: python train.py --epochs 3' >&2
 jsrun --erf_input "$HPCRING_ERF" singularity exec --nv --bind /gpfs/alpine --bind /dev/infiniband train.sif python train.py --epochs 3

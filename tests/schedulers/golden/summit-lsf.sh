@@ -47,5 +47,5 @@ HPCRING_EOF
 
 # Steps run one after another; each launcher call returns only when all its ranks have ended (a barrier across
 # every node), and the first failing step ends the job with its exit code.
-echo 'hpcring: step 1/1: python train.py --epochs 3' >&2
+printf '%s\n' 'hpcring: step 1/1: python train.py --epochs 3' >&2
 jsrun --erf_input "$HPCRING_ERF" python train.py --epochs 3
