@@ -1,5 +1,5 @@
-"""`hpcring map`: the per-rank CPU/GPU/NIC placement of a job, as a table, JSON, ERF, rankfile or srun
-flags."""
+"""`hpcring map`: the per-rank CPU/GPU/NIC placement of a job, as a table, JSON, ERF, rankfile, or srun,
+mpiexec or flux run flags."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import argparse
 import os
 import sys
 
-FORMATS = ("table", "json", "erf", "rankfile", "srun")
+FORMATS = ("table", "json", "erf", "rankfile", "srun", "mpiexec", "flux")
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -56,6 +56,6 @@ def main(args: argparse.Namespace) -> int:
             f"# launch with: mpirun -n {rm.shape.ranks} --map-by rankfile:FILE=FILE:HWTCPUS COMMAND",
             file=sys.stderr,
         )
-    else:
-        out.write(plan.launcher("srun").map_text(rm, {}))
+    else:  # a launcher's own notation: srun flags, mpiexec flags and GPU wrapper, flux run flags
+        out.write(plan.launcher(args.format).map_text(rm, {}))
     return 0

@@ -183,3 +183,11 @@ def test_standin_refuses_bad_directive(tmp_path: Path) -> None:
     script.write_text("#!/bin/bash\n# flux: -t soon\ntrue\n")
     res = subprocess.run(["flux", "batch", str(script)], capture_output=True, text=True, env=env, timeout=60)
     assert res.returncode == 1 and "invalid Flux standard duration" in res.stderr
+
+
+def test_map_format_flux() -> None:
+    res = cli("map", "--profile", "generic-flux", "--nodes", "2", "--format", "flux")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout == (
+        "flux run -N 2 -n 8 -c 8 -g 1 --exclusive -o cpu-affinity=per-task -o gpu-affinity=per-task\n"
+    )

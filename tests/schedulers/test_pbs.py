@@ -281,3 +281,24 @@ def test_job_id_parsing(stdout: str, job_id: str | None) -> None:
 @pytest.mark.parametrize(("status", "code"), [(0, 0), (3, 3), (137, 137), (265, 137), (271, 143), (-1, 1)])
 def test_exit_status_to_exit_code(status: int, code: int) -> None:
     assert jobs_pbs.exit_code(status) == code
+
+
+def test_tiles_select_gpu_tile_pairs() -> None:
+    """Where the RankMap gives GPU tiles (Aurora's Intel Max), each rank's wrapper entry is `gpu.tile` in
+    ZE_AFFINITY_MASK, and the chunk asks for the physical GPUs."""
+    p = make_plan("aurora", nodes=1, account="a", command=("true",))
+    rm = mapping.build(profile.load("aurora"), JobSpec(nodes=1, account="a", steps=(Step(("true",)),)))
+    content = p.files[0].content
+    assert 'export ZE_AFFINITY_MASK="$devices"' in content
+    for slot in rm.slots(0):
+        tiles = ",".join(f"{d}.{t}" for d, t in slot.tiles)
+        assert f"  {slot.local_rank}) devices={tiles} ;;" in content
+    devices = {g.device for g in profile.load("aurora").node.gpus}
+    assert ("-l", f"select=1:ncpus=208:ngpus={len(devices)}") in [(d.flag, d.value) for d in p.directives]
+
+
+def test_map_format_mpiexec() -> None:
+    res = cli("map", "--profile", "generic-pbs", "--nodes", "2", "--format", "mpiexec")
+    assert res.returncode == 0, res.stderr
+    first, *wrapper = res.stdout.splitlines()
+    assert first.startswith("mpiexec -n 8 -ppn 4 -bind-to user:0+1+") and wrapper[0] == "#!/bin/bash"
