@@ -144,7 +144,10 @@ class ObjectState(State):
             target.write(self._seq, self._snapshot())
             self._saved = None
         else:
-            self._saved = store.encode_bytes(self._seq, self._snapshot())
+            lay = store.layout(self._seq, self._snapshot())
+            if self._saved is None or len(self._saved) != lay.size:
+                self._saved = bytearray(lay.size)  # reused by the next commits of the same layout
+            store.fill(self._saved, lay)
 
     def restore(self) -> None:
         target = self._commit_store()

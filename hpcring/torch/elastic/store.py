@@ -5,11 +5,12 @@ cannot shrink a running world), so a commit must outlive the process that made i
 all the same: writing one is a single copy of each tensor's bytes into the page cache, about what
 `tensor.clone()` costs, and it survives the process. The next world restores the newest commit of any node.
 
-Format: 8-byte magic, 8-byte header length, a pickled header (sequence number, the state's structure with each
-tensor replaced by a reference, and each tensor's dtype/shape/offset), then the raw tensor bytes, each aligned
-to 64 bytes. Readers get tensors that view one buffer; nothing is unpickled from tensor data.
+Format: 8-byte magic (written last), 8-byte header length, 8-byte data offset, a pickled header (sequence
+number, the state's structure with each tensor replaced by a reference, each tensor's dtype/shape/offset),
+then the raw tensor bytes, each aligned to 64 bytes. Readers get tensors that view one buffer; nothing is
+unpickled from tensor data.
 
-The API (also used by `hpcring.ray`): `encode(seq, obj) -> bytes-like parts`, `decode(buffer) -> (seq, obj)`,
+The API (also used by `hpcring.ray`): `encode_bytes(seq, obj) -> bytearray`, `decode(buffer) -> (seq, obj)`,
 `CommitStore(directory, rank).write(seq, obj)`, `.newest() -> (seq, path) | None`, `read(path)`,
 `.remove_own()`.
 `obj` is any nesting of dicts, lists and tuples whose leaves are tensors or picklable values.
@@ -17,10 +18,10 @@ The API (also used by `hpcring.ray`): `encode(seq, obj) -> bytes-like parts`, `d
 
 from __future__ import annotations
 
+import mmap
 import os
 import pickle
 import struct
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ from hpcring import _deps
 
 MAGIC = b"HPCRCMT1"
 _LEN = struct.Struct("<Q")
+_FIXED = len(MAGIC) + 2 * _LEN.size  # magic, header length, offset of the tensor data
 _ALIGN = 64
 SUFFIX = ".commit"
 
@@ -70,53 +72,72 @@ def _pad(n: int) -> int:
     return -n % _ALIGN
 
 
-def _raw(tensor: Any) -> memoryview:
-    """The tensor's bytes, on the host, without another copy when it is already a contiguous CPU tensor."""
+def _flat(tensor: Any) -> Any:
+    """The tensor's bytes as a flat uint8 CPU tensor (a view, without a copy, of a contiguous CPU tensor)."""
     t = tensor.detach()
     if t.device.type != "cpu":
         t = t.cpu()
-    t = t.contiguous().reshape(-1)
     torch = _deps.torch()
-    return memoryview(t.view(torch.uint8).numpy()) if t.numel() else memoryview(b"")
+    return t.contiguous().reshape(-1).view(torch.uint8)
 
 
-def encode(seq: int, obj: Any) -> Iterator[bytes | memoryview]:
-    """The commit's bytes as parts to write in order (tensor parts are views of the live tensors)."""
+@dataclass(frozen=True)
+class Layout:
+    """Where everything of one commit goes: the header, then each tensor's bytes at its offset."""
+
+    header: bytes
+    flats: list[Any]
+    offsets: list[int]
+    size: int
+
+
+def layout(seq: int, obj: Any) -> Layout:
+    """Lay out a commit of `obj` without copying any tensor yet."""
     tensors: list[Any] = []
     skeleton = _strip(obj, tensors)
-    table, offset, views = [], 0, []
-    for t in tensors:
-        view = _raw(t)
-        table.append((str(t.dtype).removeprefix("torch."), tuple(t.shape), offset, view.nbytes))
-        views.append(view)
-        offset += view.nbytes + _pad(view.nbytes)
+    flats = [_flat(t) for t in tensors]
+    table, offset = [], 0
+    for t, flat in zip(tensors, flats, strict=True):
+        table.append((str(t.dtype).removeprefix("torch."), tuple(t.shape), offset, flat.numel()))
+        offset += flat.numel() + _pad(flat.numel())
     header = pickle.dumps({"seq": seq, "skeleton": skeleton, "tensors": table}, protocol=5)
-    start = len(MAGIC) + _LEN.size + len(header)
-    yield MAGIC + _LEN.pack(len(header)) + header + bytes(_pad(start))
-    for view in views:
-        yield view
-        if _pad(view.nbytes):
-            yield bytes(_pad(view.nbytes))
+    base = _FIXED + len(header)
+    base += _pad(base)
+    return Layout(header, flats, [base + entry[2] for entry in table], base + offset)
+
+
+def fill(buffer: Any, lay: Layout) -> None:
+    """Write the commit into `buffer` (at least lay.size bytes): invalidate it, copy the tensors, write the
+    header, and validate it last, so a writer killed half way leaves a buffer that reads as no commit."""
+    torch = _deps.torch()
+    mv = memoryview(buffer)
+    mv[: len(MAGIC)] = bytes(len(MAGIC))
+    for flat, offset in zip(lay.flats, lay.offsets, strict=True):
+        if flat.numel():
+            torch.frombuffer(buffer, dtype=torch.uint8, count=flat.numel(), offset=offset).copy_(flat)
+    base = lay.offsets[0] if lay.offsets else _FIXED + len(lay.header)
+    mv[len(MAGIC) : _FIXED] = _LEN.pack(len(lay.header)) + _LEN.pack(base)
+    mv[_FIXED : _FIXED + len(lay.header)] = lay.header
+    mv[: len(MAGIC)] = MAGIC
 
 
 def encode_bytes(seq: int, obj: Any) -> bytearray:
-    """The whole commit in one buffer (for a broadcast)."""
-    out = bytearray()
-    for part in encode(seq, obj):
-        out += part
+    """The whole commit in one buffer (kept in memory, or broadcast by sync())."""
+    lay = layout(seq, obj)
+    out = bytearray(lay.size)
+    fill(out, lay)
     return out
 
 
-def decode(buffer: bytes | bytearray | memoryview) -> tuple[int, Any]:
+def decode(buffer: bytes | bytearray | memoryview | Any) -> tuple[int, Any]:
     """(seq, obj) from a commit's bytes; the tensors view `buffer` (copy them before reusing it)."""
     torch = _deps.torch()
-    mv = memoryview(buffer)
+    mv = memoryview(buffer).cast("B")
     if bytes(mv[: len(MAGIC)]) != MAGIC:
         raise ValueError("not an hpcring commit (bad magic)")
     (hlen,) = _LEN.unpack_from(mv, len(MAGIC))
-    start = len(MAGIC) + _LEN.size
-    header = pickle.loads(mv[start : start + hlen])
-    base = start + hlen + _pad(start + hlen)
+    (base,) = _LEN.unpack_from(mv, len(MAGIC) + _LEN.size)
+    header = pickle.loads(mv[_FIXED : _FIXED + hlen])
     tensors = []
     for dtype, shape, offset, nbytes in header["tensors"]:
         dt = getattr(torch, dtype)
@@ -151,7 +172,7 @@ def peek_seq(path: str | Path) -> int | None:
     """A commit file's sequence number without reading its tensors; None when it is not a commit."""
     try:
         with open(path, "rb") as f:
-            head = f.read(len(MAGIC) + _LEN.size)
+            head = f.read(_FIXED)
             if head[: len(MAGIC)] != MAGIC:
                 return None
             (hlen,) = _LEN.unpack_from(head, len(MAGIC))
@@ -161,22 +182,47 @@ def peek_seq(path: str | Path) -> int | None:
 
 
 class CommitStore:
-    """The commit files of one node's ranks in `directory`; this rank writes `rank-<r>.commit`."""
+    """The commit files of one node's ranks in `directory`.
+
+    This rank keeps two files, `rank-<r>.0.commit` and `rank-<r>.1.commit`, memory-mapped for as long as the
+    store lives, and overwrites the older one at each commit: after the first commit a commit is a copy into
+    pages that already exist (no allocation, no page faults), and the other file holds the previous commit
+    while one is being written."""
 
     def __init__(self, directory: str | Path, rank: int) -> None:
         self.directory = Path(directory)
         self.rank = rank
-        self.path = self.directory / f"rank-{rank}{SUFFIX}"
+        self.paths = [self.directory / f"rank-{rank}.{slot}{SUFFIX}" for slot in (0, 1)]
+        self._maps: dict[int, mmap.mmap] = {}
+        # Overwrite the older of the two files a previous world may have left, never the newer.
+        self._seqs = [s if (s := peek_seq(p)) is not None else -1 for p in self.paths]
+        self.path = self.paths[0]  # the last commit written by this rank
 
     def write(self, seq: int, obj: Any) -> Path:
-        """Write the commit atomically: a rank killed mid-write leaves the previous commit intact."""
-        self.directory.mkdir(parents=True, exist_ok=True)
-        tmp = self.directory / f".rank-{self.rank}.{os.getpid()}.tmp"
-        with open(tmp, "wb", buffering=0) as f:
-            for part in encode(seq, obj):
-                f.write(part)
-        os.replace(tmp, self.path)
+        """Write the commit into the older of this rank's two files."""
+        lay = layout(seq, obj)
+        slot = 0 if self._seqs[0] <= self._seqs[1] else 1
+        self._seqs[slot] = -1
+        fill(self._map(slot, lay.size), lay)
+        self._seqs[slot] = seq
+        self.path = self.paths[slot]
         return self.path
+
+    def _map(self, slot: int, size: int) -> mmap.mmap:
+        current = self._maps.get(slot)
+        if current is not None and len(current) == size:
+            return current
+        if current is not None:
+            current.close()
+        self.directory.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.paths[slot], os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            os.ftruncate(fd, size)
+            mapped = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        self._maps[slot] = mapped
+        return mapped
 
     def newest(self) -> tuple[int, Path] | None:
         """The newest commit on this node, whichever rank of whichever world wrote it."""
@@ -190,5 +236,9 @@ class CommitStore:
         return best
 
     def remove_own(self) -> None:
-        """Drop this rank's commit (the job finished: nothing to resume)."""
-        self.path.unlink(missing_ok=True)
+        """Drop this rank's commits (the job finished: nothing to resume)."""
+        for m in self._maps.values():
+            m.close()
+        self._maps.clear()
+        for path in self.paths:
+            path.unlink(missing_ok=True)
