@@ -58,8 +58,13 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     ),
     "profiles": Subcommand(
         "hpcring.cli.profiles",
-        "list, show and validate cluster profiles",
-        ("hpcring profiles list", "hpcring profiles show frontier", "hpcring profiles validate mysite.yaml"),
+        "list, show and validate cluster profiles, or write one for this cluster (init)",
+        (
+            "hpcring profiles list",
+            "hpcring profiles show frontier",
+            "hpcring profiles validate mysite.yaml",
+            "hpcring profiles init -o mysite.yaml",
+        ),
     ),
     "map": Subcommand(
         "hpcring.cli.map",
