@@ -232,6 +232,22 @@ def test_nvidia_topo_parser() -> None:
     assert nvidia.parse("No devices were found\n") == ([], [])
 
 
+def test_gpu_closest_cores_from_a_narrower_cpu_affinity(tmp_path: Path) -> None:
+    """A GPU whose CPU affinity is part of its NUMA domain (as on Frontier-like nodes) gets closest_cores."""
+    root = s.sys_tree(tmp_path / "sys", sockets=1, cores_per_socket=8, threads=2, numa=["0-7"])
+    topo = (
+        "\tGPU0\tGPU1\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\n"
+        "GPU0\t X \tNV4\t0-3,8-11\t0\t\tN/A\n"
+        "GPU1\tNV4\t X \t0-7,8-15\t0\t\tN/A\n"
+    )
+    path, data = _init(tmp_path, root, _record(tmp_path / "rec", nvidia_smi_topo=topo), "--name", "n")
+    assert data["node"]["gpus"] == [  # type: ignore[index]
+        {"index": 0, "numa": 0, "closest_cores": "0-3"},
+        {"index": 1, "numa": 0},
+    ]
+    _round_trip(tmp_path, path, ranks=2)
+
+
 def test_rocm_slurm_pbs_flux_lsf_parsers() -> None:
     assert [g.numa for g in rocm.parse(s.ROCM_TOPONUMA)] == [3, 3, 1, 1, 0, 0, 2, 2]
     conf = slurm.config(s.SCONTROL_CONFIG)

@@ -88,7 +88,8 @@ def node_section(
     domain_ids = [i for i, _ in facts.numa] if "numa" in node else list(range(facts.sockets))
     if vendor:
         node["gpu_vendor"] = vendor
-    node["gpus"] = [_gpu(g, domain_ids, draft) for g in gpus]
+    domain_cores = {i: set(c) for i, c in facts.numa} if "numa" in node else {}
+    node["gpus"] = [_closest(_gpu(g, domain_ids, draft), g, facts, domain_cores) for g in gpus]
     node["nics"] = [_nic(n, domain_ids) for n in nics]
     node["interconnect"] = interconnect or "ethernet"
     if interconnect is None:
@@ -104,6 +105,19 @@ def _gpu(g: GpuFact, domains: list[int], draft: Draft) -> dict[str, Any]:
         return {"index": g.index, "numa": g.numa}
     draft.todo_node.append(f"gpus: GPU {g.index} reports no NUMA node; numa {domains[0]} is a placeholder")
     return {"index": g.index, "numa": domains[0]}
+
+
+def _closest(
+    entry: dict[str, Any], g: GpuFact, facts: CpuFacts, domain_cores: dict[int, set[int]]
+) -> dict[str, Any]:
+    """closest_cores from the vendor tool's CPU affinity, where it is narrower than the GPU's NUMA domain."""
+    ncores = facts.sockets * facts.cores_per_socket
+    compact = facts.thread_numbering == "compact"
+    cores = {c // facts.threads_per_core if compact else c % ncores for c in g.cpus}
+    domain = domain_cores.get(entry["numa"], set())
+    if cores and cores < domain:
+        entry["closest_cores"] = cpuset.format_list(sorted(cores))
+    return entry
 
 
 def _nic(n: NicFact, domains: list[int]) -> dict[str, Any]:
