@@ -15,9 +15,12 @@ of them is wrong.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import resource
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -29,6 +32,9 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 import hpcring.torch as hvd
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import ddp_models  # benchmarks/ is not a package: its directory is put on the path above
 
 
 def _env_int(name: str, default: int) -> int:
@@ -47,33 +53,64 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hidden", type=int, default=_env_int("HPCRING_BENCH_HIDDEN", 1024), help="MLP width")
     p.add_argument("--layers", type=int, default=_env_int("HPCRING_BENCH_LAYERS", 4), help="hidden layers")
     p.add_argument(
+        "--model",
+        choices=sorted(ddp_models.MODELS),
+        default=os.environ.get("HPCRING_BENCH_MODEL", "mlp"),
+        help="mlp: --layers x --hidden MLP; mlp200, resnet, transformer: see benchmarks/ddp_models.py",
+    )
+    p.add_argument(
+        "--backward-passes",
+        type=int,
+        default=_env_int("HPCRING_BENCH_BACKWARD_PASSES", 1),
+        help="backward_passes_per_step (DDP: no_sync() on all but the last pass)",
+    )
+    p.add_argument(
+        "--compression",
+        choices=("none", "fp16"),
+        default=os.environ.get("HPCRING_BENCH_COMPRESSION", "none"),
+        help="fp16: Compression.fp16 against DDP's fp16_compress_hook",
+    )
+    p.add_argument(
+        "--only",
+        choices=("hpcring", "ddp"),
+        default=os.environ.get("HPCRING_BENCH_ONLY") or None,
+        help="train only this one (with compute-only): peak RSS of a step, one launch per side",
+    )
+    p.add_argument(
         "--json", type=Path, default=os.environ.get("HPCRING_BENCH_JSON"), help="rank 0 writes here"
     )
     return p.parse_args(argv)
 
 
-def make_model(hidden: int, layers: int) -> torch.nn.Module:
-    """An MLP on 784 inputs: `layers` hidden layers of `hidden` units (4 x 1024: about 4M parameters)."""
-    torch.manual_seed(0)
-    mods: list[torch.nn.Module] = [torch.nn.Linear(784, hidden), torch.nn.ReLU()]
-    for _ in range(layers - 1):
-        mods += [torch.nn.Linear(hidden, hidden), torch.nn.ReLU()]
-    mods.append(torch.nn.Linear(hidden, 10))
-    return torch.nn.Sequential(*mods)
+def make_model(args: argparse.Namespace) -> torch.nn.Module:
+    """The model of --model (seeded: every call gives the same weights)."""
+    if args.model == "mlp":
+        torch.manual_seed(0)
+        return ddp_models.mlp(args.hidden, args.layers)
+    return ddp_models.build(args.model)
 
 
 class Trainer:
     """One model + optimizer + its own batch stream, advanced one step at a time."""
 
-    def __init__(self, model: torch.nn.Module, opt: torch.optim.Optimizer, batch: int, seed: int) -> None:
-        self.model, self.opt, self.batch = model, opt, batch
+    def __init__(
+        self, model: torch.nn.Module, opt: torch.optim.Optimizer, args: argparse.Namespace, seed: int
+    ) -> None:
+        self.model, self.opt, self.batch, self.kind = model, opt, args.batch_size, args.model
+        self.passes = args.backward_passes
         self.gen = torch.Generator().manual_seed(seed)
 
-    def step(self) -> None:
-        x = torch.randn(self.batch, 784, generator=self.gen)
-        y = torch.randint(0, 10, (self.batch,), generator=self.gen)
-        self.opt.zero_grad()
+    def _pass(self) -> None:
+        x, y = ddp_models.batch(self.kind, self.batch, self.gen)
         F.cross_entropy(self.model(x), y).backward()
+
+    def step(self) -> None:
+        self.opt.zero_grad()
+        no_sync = getattr(self.model, "no_sync", None)
+        for _ in range(self.passes - 1):
+            with no_sync() if no_sync is not None else contextlib.nullcontext():
+                self._pass()
+        self._pass()
         self.opt.step()
 
 
@@ -86,22 +123,33 @@ def time_step(step: Callable[[], None]) -> float:
 
 
 def build(args: argparse.Namespace) -> dict[str, Trainer]:
+    """The three trainers (or hpcring/DDP alone with --only), same weights, same batches.
+
+    DDP runs with `broadcast_buffers=False`: DistributedOptimizer does not touch BatchNorm's running
+    statistics either, so both move the same data; its other settings are the defaults (25 MiB buckets)."""
     seed = 1000 + hvd.rank()  # each rank its own data, identical for the three trainers
     lr = 0.01
+    out: dict[str, Trainer] = {}
+    if args.only in (None, "hpcring"):
+        ours = make_model(args)
+        hvd.broadcast_parameters(ours.state_dict(), root_rank=0)
+        opt = hvd.DistributedOptimizer(
+            torch.optim.SGD(ours.parameters(), lr=lr),
+            named_parameters=ours.named_parameters(),
+            backward_passes_per_step=args.backward_passes,
+            compression=hvd.Compression.fp16 if args.compression == "fp16" else hvd.Compression.none,
+        )
+        out["hpcring"] = Trainer(ours, opt, args, seed)
+    if args.only in (None, "ddp"):
+        ddp = DistributedDataParallel(make_model(args), broadcast_buffers=False)
+        if args.compression == "fp16":
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-    ours = make_model(args.hidden, args.layers)
-    hvd.broadcast_parameters(ours.state_dict(), root_rank=0)
-    opt = hvd.DistributedOptimizer(
-        torch.optim.SGD(ours.parameters(), lr=lr), named_parameters=ours.named_parameters()
-    )
-
-    ddp = DistributedDataParallel(make_model(args.hidden, args.layers))
-    local = make_model(args.hidden, args.layers)
-    return {
-        "hpcring": Trainer(ours, opt, args.batch_size, seed),
-        "ddp": Trainer(ddp, torch.optim.SGD(ddp.parameters(), lr=lr), args.batch_size, seed),
-        "compute-only": Trainer(local, torch.optim.SGD(local.parameters(), lr=lr), args.batch_size, seed),
-    }
+            ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+        out["ddp"] = Trainer(ddp, torch.optim.SGD(ddp.parameters(), lr=lr), args, seed)
+    local = make_model(args)
+    out["compute-only"] = Trainer(local, torch.optim.SGD(local.parameters(), lr=lr), args, seed)
+    return out
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -114,27 +162,36 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for i in range(args.steps):
         for name in names if i % 2 == 0 else reversed(names):  # neither always goes first
             times[name].append(time_step(trainers[name].step))
+    model = trainers["compute-only"].model
+    n_params = sum(p.numel() for p in model.parameters())
+    result: dict[str, Any] = {
+        "size": hvd.size(),
+        "model": args.model,
+        "gradients": sum(1 for p in model.parameters() if p.requires_grad),
+        "params": n_params,
+        "gradient_mib": round(n_params * 4 / 2**20, 2),
+        "batch_size_per_rank": args.batch_size,
+        "backward_passes_per_step": args.backward_passes,
+        "compression": args.compression,
+        "paired_steps": args.steps,
+        "median_step_ms": {k: round(1e3 * statistics.median(v), 2) for k, v in times.items()},
+        "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+    }
+    if args.only is not None:
+        return result
     # Paired ratios: step i of hpcring against step i of DDP, taken moments apart under the same load.
     ratios = sorted(h / d for h, d in zip(times["hpcring"], times["ddp"], strict=True))
     ddp_model = trainers["ddp"].model.module  # type: ignore[union-attr]
     with torch.no_grad():
         pairs = zip(trainers["hpcring"].model.parameters(), ddp_model.parameters(), strict=True)
         diff = max(float((a - b).abs().max()) for a, b in pairs)
-    n_params = sum(p.numel() for p in trainers["hpcring"].model.parameters())
-    return {
-        "size": hvd.size(),
-        "params": n_params,
-        "gradient_mib": round(n_params * 4 / 2**20, 2),
-        "batch_size_per_rank": args.batch_size,
-        "paired_steps": args.steps,
-        "median_step_ms": {k: round(1e3 * statistics.median(v), 2) for k, v in times.items()},
-        "ratio_hpcring_over_ddp": {
-            "median": round(statistics.median(ratios), 3),
-            "p25": round(ratios[len(ratios) // 4], 3),
-            "p75": round(ratios[(3 * len(ratios)) // 4], 3),
-        },
-        "max_weight_difference": diff,
+    result["ratio_hpcring_over_ddp"] = {
+        "median": round(statistics.median(ratios), 3),
+        "p25": round(ratios[len(ratios) // 4], 3),
+        "p75": round(ratios[(3 * len(ratios)) // 4], 3),
     }
+    result["max_weight_difference"] = diff
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -147,16 +204,21 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         dist.destroy_process_group()
     if hvd.rank() == 0:
-        ms, ratio = result["median_step_ms"], result["ratio_hpcring_over_ddp"]
+        ms = result["median_step_ms"]
         print(
-            f"size {result['size']}  params {result['params']} ({result['gradient_mib']} MiB of gradients)  "
-            f"batch {args.batch_size}/rank\n"
-            f"median step: hpcring {ms['hpcring']} ms, DDP(gloo) {ms['ddp']} ms, "
-            f"compute-only {ms['compute-only']} ms\n"
-            f"hpcring/DDP ratio: median {ratio['median']} (quartiles {ratio['p25']}..{ratio['p75']})  "
-            f"max weight difference {result['max_weight_difference']:.2e}",
+            f"size {result['size']}  model {args.model} ({result['gradients']} gradients)  params "
+            f"{result['params']} ({result['gradient_mib']} MiB of gradients)  batch {args.batch_size}/rank  "
+            f"backward passes {args.backward_passes}  compression {args.compression}\n"
+            f"median step (ms): {ms}  peak RSS {result['peak_rss_mib']} MiB",
             flush=True,
         )
+        if "ratio_hpcring_over_ddp" in result:
+            ratio = result["ratio_hpcring_over_ddp"]
+            print(
+                f"hpcring/DDP ratio: median {ratio['median']} (quartiles {ratio['p25']}..{ratio['p75']})  "
+                f"max weight difference {result['max_weight_difference']:.2e}",
+                flush=True,
+            )
         if args.json:
             args.json.parent.mkdir(parents=True, exist_ok=True)
             args.json.write_text(json.dumps(result, indent=2) + "\n")

@@ -22,6 +22,7 @@ LOG_LEVELS = ("trace", "debug", "info", "warning", "error", "fatal")
 
 DEFAULT_FUSION_THRESHOLD = 64 * 1024 * 1024  # bytes, as Horovod
 DEFAULT_CYCLE_TIME_MS = 1.0
+DEFAULT_BUCKET_CAP_MB = 25.0  # DistributedOptimizer's gradient buckets: DDP's bucket_cap_mb default
 DEFAULT_CACHE_CAPACITY = 1024
 DEFAULT_STALL_CHECK_S = 60.0
 
@@ -59,6 +60,8 @@ class EngineSettings:
     # The device data plane (hpcring/collective/engine/device.py, docs/engine.md "GPU tensors"):
     cpu_device_plane: str = "off"  # "gloo": CPU torch tensors take the device plane with gloo (tests, CI)
     device_cross: str = "mpi"  # hierarchical cross-node stage: MPI on a host copy, or the device backend
+    # DistributedOptimizer (hpcring/torch/buckets.py): MiB of gradients per bucket; 0: one request per tensor
+    bucket_cap_mb: float = DEFAULT_BUCKET_CAP_MB
 
 
 def _lookup(env: Mapping[str, str], name: str, aliases: tuple[str, ...] = ()) -> tuple[str, str] | None:
@@ -159,6 +162,8 @@ def engine_settings(env: Mapping[str, str] | None = None) -> EngineSettings:
     shutdown = parse_float(*found) if found else 0.0
     found = _lookup(env, "STALL_CHECK_DISABLE")
     disable = parse_bool(*found) if found else False
+    found = _lookup(env, "BUCKET_CAP_MB")
+    bucket_cap = parse_float(*found) if found else DEFAULT_BUCKET_CAP_MB
     return EngineSettings(
         fusion_threshold=fusion,
         cycle_time_ms=cycle,
@@ -172,6 +177,7 @@ def engine_settings(env: Mapping[str, str] | None = None) -> EngineSettings:
         log_level=_log_level(env),
         cpu_device_plane=_own_choice(env, "HPCRING_CPU_DEVICE_PLANE", CPU_DEVICE_PLANES, "off"),
         device_cross=_own_choice(env, "HPCRING_DEVICE_CROSS", DEVICE_CROSS, "mpi"),
+        bucket_cap_mb=bucket_cap,
     )
 
 

@@ -1,10 +1,14 @@
 """`DistributedOptimizer`: Horovod's gradient-averaging wrapper around any `torch.optim` optimizer.
 
-Each parameter's gradient is handed to the engine the moment autograd has accumulated it (a
-post-accumulate-grad hook), so communication overlaps the rest of the backward pass; `step()` waits for the
-reductions and then runs the wrapped optimizer's own update. As in Horovod the wrapper is a dynamic subclass
-of the optimizer's class, so `isinstance(opt, torch.optim.SGD)` and LR schedulers keep working, and
-`hvd.DistributedOptimizer(opt, ...)` is a drop-in replacement.
+A post-accumulate-grad hook on each parameter sees its gradient the moment autograd has accumulated it, so
+communication overlaps the rest of the backward pass; `step()` waits for the reductions and then runs the
+wrapped optimizer's own update. The first step reduces each gradient as its own request and learns the
+order in which they become ready; from then on dense gradients live in flat buckets (`buckets.py`) and a
+hook only counts readiness: a bucket goes to the engine as one request when its last gradient is ready.
+When the set of trainable parameters changes (frozen, unfrozen or added between steps) the next step goes
+per tensor again and the buckets are rebuilt after it, on every rank. As in Horovod the wrapper is a
+dynamic subclass of the optimizer's class, so `isinstance(opt, torch.optim.SGD)` and LR schedulers keep
+working, and `hvd.DistributedOptimizer(opt, ...)` is a drop-in replacement.
 
 Differences from Horovod, all removing a way for ranks to hang or disagree: parameters that got no gradient
 on this rank are reduced as zeros (so a rank that skipped a layer still joins the other ranks' reduction), a
@@ -24,6 +28,7 @@ from typing import Any, cast
 from hpcring import _deps
 from hpcring.collective.engine import ProcessSet, global_process_set
 from hpcring.errors import ConfigError
+from hpcring.torch import buckets as bucketing
 from hpcring.torch.compression import Compression, Compressor
 
 _Key = Any  # a parameter tensor, or a tuple of them for a group
@@ -67,6 +72,13 @@ class _DistributedOptimizer:
     _p_to_group: dict[Any, tuple[Any, ...]]
     _group_counts: dict[tuple[Any, ...], int]
     _hook_handles: list[Any]
+    _buckets: list[bucketing.Bucket] | None  # None: this step reduces per tensor (learning the order)
+    _slot: dict[Any, tuple[bucketing.Bucket, Any]]  # bucketed parameter -> (its bucket, its view)
+    _loose: list[
+        Any
+    ]  # reduced parameters outside every bucket (sparse gradients; all before the first build)
+    _order: dict[Any, None]  # parameters in the order their gradient became ready this step
+    _sparse: set[int]  # ids of parameters seen with a sparse gradient: kept out of buckets
     param_groups: list[dict[str, Any]]
 
     def _setup(
@@ -79,6 +91,7 @@ class _DistributedOptimizer:
         groups: Any,
         sparse_as_dense: bool,
         process_set: Any,
+        bucket_cap_mb: float | None = None,
     ) -> None:
         """Validate the names, record the settings and register one hook per trainable parameter."""
         self._compression = compression
@@ -97,6 +110,22 @@ class _DistributedOptimizer:
         self._hook_handles = []
         self._synchronized = False
         self._should_synchronize = True
+        self._buckets = None
+        self._slot = {}
+        self._loose = []
+        self._order = {}
+        self._sparse = set()
+        self._hooked = False  # a bucketed gradient was seen since the last synchronize (zero_grad guard)
+        self._check_due = True  # the first hook of a step compares the trainable parameters with the layout
+        self._generation = 0
+        self._hooked_ids: set[int] = set()
+        if bucket_cap_mb is None:
+            from hpcring.torch import basics
+
+            bucket_cap_mb = basics.engine().settings.bucket_cap_mb if self._reduces() else 0.0
+        if bucket_cap_mb < 0:
+            raise ValueError(f"bucket_cap_mb must be >= 0 (0: one request per gradient), got {bucket_cap_mb}")
+        self._bucket_cap = int(bucket_cap_mb * (1 << 20))
         if self._reduces():
             self._register_hooks()
 
@@ -137,11 +166,42 @@ class _DistributedOptimizer:
         return {p: name for name, p in sorted(named, key=lambda item: item[0]) if id(p) in wanted}
 
     def _register_hooks(self) -> None:
-        self._requires_update = [p for group in self.param_groups for p in group["params"] if p.requires_grad]
+        self._requires_update = self._trainable()
+        self._loose = list(self._requires_update)
         if self._groups is not None:
             self._form_groups()
         for p in self._requires_update:
+            self._hook(p)
+
+    def _hook(self, p: Any) -> None:
+        if id(p) not in self._hooked_ids:
+            self._hooked_ids.add(id(p))
             self._hook_handles.append(p.register_post_accumulate_grad_hook(self._make_hook(p)))
+
+    def _trainable(self) -> list[Any]:
+        return [p for group in self.param_groups for p in group["params"] if p.requires_grad]
+
+    def _check_layout(self) -> None:
+        """At the first hook of a step (or at synchronize when none ran): when the trainable parameters
+        differ from the ones the buckets were built for (frozen, unfrozen, added with add_param_group), drop
+        the buckets: this step reduces per tensor and the buckets are rebuilt after it. Every rank of an SPMD
+        script changes its parameters at the same step, so every rank rebuilds at the same step."""
+        current = self._trainable()
+        if list(map(id, current)) == list(map(id, self._requires_update)):
+            return
+        flat = [p for group in self.param_groups for p in group["params"]]
+        for p in current:
+            if p not in self._parameter_names:  # added with add_param_group: named by its position
+                index = next(i for i, q in enumerate(flat) if q is p)
+                self._parameter_names[p] = f"allreduce.added.{index}"
+            self._allreduce_delay.setdefault(p, self.backward_passes_per_step)
+            self._hook(p)
+        self._requires_update = current
+        self._loose = list(current)
+        self._buckets, self._slot, self._order = None, {}, {}
+        if self._groups is not None:
+            self._p_to_group, self._group_counts = {}, {}
+            self._form_groups()
 
     def _form_groups(self) -> None:
         """Build the fusion groups in rank 0's parameter order, so every rank forms identical groups."""
@@ -224,39 +284,87 @@ class _DistributedOptimizer:
 
     def _make_hook(self, p: Any) -> Any:
         def hook(*_: Any) -> None:
-            # Every pass beyond backward_passes_per_step before step(): a parameter whose reduction already
-            # started (alone, or as a member of a group, whose entry has no handle of its own).
-            if self._allreduce_delay[p] <= 0:
-                raise AssertionError(
-                    "Gradients were computed more than backward_passes_per_step times before call to step(). "
-                    "Increase backward_passes_per_step to accumulate gradients locally."
-                )
-            self._allreduce_delay[p] -= 1
-            if self._allreduce_delay[p] > 0:
-                self._handles[p] = (None, None)
-                return
-            group = self._p_to_group.get(p)
-            if group is None:
-                self._handles[p] = self._allreduce_grad_async(p)
-                return
-            self._group_counts[group] += 1
-            if self._group_counts[group] < len(group):
-                self._handles[p] = (None, None)  # pending in a partial group: zero_grad() must refuse
-                return
-            for gp in group:
-                self._handles.pop(gp, None)
-            self._handles[group] = self._grouped_allreduce_grad_async(group)
-            self._group_counts[group] = 0
+            if self._check_due:
+                self._check_due = False
+                self._check_layout()
+            slot = self._slot.get(p)
+            if slot is None:
+                self._tensor_hook(p)
+            else:
+                self._bucket_hook(p, slot)
 
         return hook
 
+    def _bucket_hook(self, p: Any, slot: tuple[bucketing.Bucket, Any]) -> None:
+        """A bucketed gradient is ready: make sure it lives in its view, count it, submit a full bucket."""
+        left = self._allreduce_delay[p]
+        if left <= 0:
+            raise AssertionError(
+                "Gradients were computed more than backward_passes_per_step times before call to step(). "
+                "Increase backward_passes_per_step to accumulate gradients locally."
+            )
+        self._allreduce_delay[p] = left - 1
+        self._hooked = True
+        bucket, view = slot
+        grad = p.grad
+        if grad is not view:  # zero_grad(set_to_none=True) or the caller replaced it: one copy, as DDP
+            view.copy_(grad)
+            p.grad = view
+        if left == 1:
+            bucket.remaining -= 1
+            if bucket.remaining == 0:
+                self._submit_bucket(bucket)
+
+    def _submit_bucket(self, bucket: bucketing.Bucket) -> None:
+        """One in-place allreduce of the bucket (in the compressed dtype when compressing)."""
+        wire, bucket.ctx = self._compression.compress(bucket.flat)
+        pre, post = self._scale_factors()
+        bucket.handle = _hvd().allreduce_async_(
+            wire, name=bucket.name, op=self.op, prescale_factor=pre, postscale_factor=post, **self._set_kw()
+        )
+
+    def _tensor_hook(self, p: Any) -> None:
+        """The per-tensor path: every gradient of the learning step, and sparse gradients always."""
+        if self._buckets is None:
+            self._order[p] = None
+            if p.grad is not None and p.grad.is_sparse:
+                self._sparse.add(id(p))
+        # Every pass beyond backward_passes_per_step before step(): a parameter whose reduction already
+        # started (alone, or as a member of a group, whose entry has no handle of its own).
+        if self._allreduce_delay[p] <= 0:
+            raise AssertionError(
+                "Gradients were computed more than backward_passes_per_step times before call to step(). "
+                "Increase backward_passes_per_step to accumulate gradients locally."
+            )
+        self._allreduce_delay[p] -= 1
+        if self._allreduce_delay[p] > 0:
+            self._handles[p] = (None, None)
+            return
+        group = self._p_to_group.get(p) if self._buckets is None else None
+        if group is None:
+            self._handles[p] = self._allreduce_grad_async(p)
+            return
+        self._group_counts[group] += 1
+        if self._group_counts[group] < len(group):
+            self._handles[p] = (None, None)  # pending in a partial group: zero_grad() must refuse
+            return
+        for gp in group:
+            self._handles.pop(gp, None)
+        self._handles[group] = self._grouped_allreduce_grad_async(group)
+        self._group_counts[group] = 0
+
     def _launch_missing(self) -> None:
-        """Start every reduction the hooks did not: unused parameters, early step(), partial groups."""
+        """Start every reduction the hooks did not: unused parameters, early step(), partial groups and
+        buckets (a member without a gradient contributes zeros, so no rank waits for it)."""
+        for bucket in self._buckets or ():
+            if bucket.handle is None:
+                bucket.bind()
+                self._submit_bucket(bucket)
         launched = {id(p) for key, (h, _) in self._handles.items() if h is not None for p in _members(key)}
-        for p in self._requires_update:
+        for p in self._loose:
             if id(p) in launched:
                 continue
-            group = self._p_to_group.get(p)
+            group = self._p_to_group.get(p) if self._buckets is None else None
             if group is None:
                 self._handles[p] = self._allreduce_grad_async(p)
                 launched.add(id(p))
@@ -273,7 +381,15 @@ class _DistributedOptimizer:
             self._synchronized = True
             return
         hvd = _hvd()
+        if self._check_due:  # no hook ran this step
+            self._check_due = False
+            self._check_layout()
         self._launch_missing()
+        for bucket in self._buckets or ():
+            output = hvd.synchronize(bucket.handle)
+            if output is not bucket.flat:  # compressed: back into the gradients' own dtype and memory
+                bucket.flat.copy_(self._compression.decompress(output, bucket.ctx))
+            bucket.reset()
         for key, (handle, ctx) in self._handles.items():
             if isinstance(key, tuple):
                 for p, output, pctx in zip(key, hvd.synchronize(handle), ctx, strict=True):
@@ -284,7 +400,52 @@ class _DistributedOptimizer:
                 self._allreduce_delay[key] = self.backward_passes_per_step
                 _write_grad(key, self._compression.decompress(output, ctx) if ctx is not None else output)
         self._handles.clear()
+        self._allreduce_delay.update(dict.fromkeys(self._requires_update, self.backward_passes_per_step))
+        self._hooked = False
+        self._check_due = True
         self._synchronized = True
+        if self._buckets is None and self._bucket_cap > 0:
+            self._build_buckets()
+
+    def _build_buckets(self) -> None:
+        """Lay the dense gradients out in buckets, in the readiness order of the root of the process set (a
+        collective over the set: every rank builds at the end of the same step, and gets the same buckets
+        whatever order it saw its own gradients in)."""
+        from hpcring.torch.functions import broadcast_object
+
+        names = self._parameter_names
+        dense = [p for p in self._requires_update if id(p) not in self._sparse]
+        dense_ids = {id(p) for p in dense}
+        seen = [p for p in self._order if id(p) in dense_ids]
+        seen_ids = {id(p) for p in seen}
+        order = seen + [p for p in reversed(dense) if id(p) not in seen_ids]  # never ready: DDP's order
+        if self._groups is not None:
+            position = {id(p): i for i, p in enumerate(order)}
+            groups = [[p for p in g if id(p) in dense_ids] for g in self._group_counts]
+            groups = [g for g in groups if g]
+            groups.sort(key=lambda g: min(position[id(p)] for p in g))
+            spec = bucketing.split_by_kind([[bucketing.describe(p, names[p]) for p in g] for g in groups])
+        else:
+            spec = bucketing.plan([bucketing.describe(p, names[p]) for p in order], self._bucket_cap)
+        root = self.process_set.ranks[0] if self.process_set.ranks else 0
+        self._generation += 1
+        spec = broadcast_object(
+            spec,
+            root_rank=root,
+            name=f"DistributedOptimizer.buckets.{self._generation}",
+            process_set=self.process_set,
+        )
+        by_name = {names[p]: p for p in dense}
+        missing = sorted({n for bucket in spec for n in bucket} - by_name.keys())
+        if missing:
+            raise ValueError(
+                f"DistributedOptimizer: the root of the process set buckets gradients this rank does not "
+                f"train ({', '.join(missing[:5])}); every rank must train the same parameters"
+            )
+        self._buckets = bucketing.allocate(spec, by_name, self._generation)
+        self._slot = {p: (b, v) for b in self._buckets for p, v in zip(b.params, b.views, strict=True)}
+        self._loose = [p for p in self._requires_update if p not in self._slot]
+        self._order = {}
 
     @contextmanager
     def skip_synchronize(self) -> Iterator[None]:
@@ -316,7 +477,7 @@ class _DistributedOptimizer:
 
     def zero_grad(self, *args: Any, **kwargs: Any) -> None:
         """Refuse while reductions are pending: zeroing would race with the engine writing the gradients."""
-        if self._handles:
+        if self._handles or self._hooked:
             raise AssertionError(
                 "optimizer.zero_grad() was called after loss.backward() but before optimizer.step() or "
                 "optimizer.synchronize(). This is prohibited as it can cause a race condition."
@@ -326,6 +487,9 @@ class _DistributedOptimizer:
     def load_state_dict(self, *args: Any, **kwargs: Any) -> None:
         """Loading a checkpoint forgets pending reductions and restarts local accumulation."""
         self._handles = {}
+        self._hooked = False
+        for bucket in self._buckets or ():
+            bucket.reset()
         self._synchronized = False
         self._should_synchronize = True
         self.set_backward_passes_per_step(self.backward_passes_per_step)
@@ -371,6 +535,7 @@ def DistributedOptimizer(
     groups: Any = None,
     sparse_as_dense: bool = False,
     process_set: ProcessSet = global_process_set,
+    bucket_cap_mb: float | None = None,
 ) -> Any:
     """Wrap `optimizer` so that `step()` applies gradients averaged (by `op`) over all ranks.
 
@@ -380,6 +545,8 @@ def DistributedOptimizer(
     around the sum; `groups` (an int, or lists of parameters) fuses gradients into grouped allreduces
     (`num_groups` is its deprecated alias); `sparse_as_dense` reduces sparse gradients densely; `process_set`
     limits the ranks (default `global_process_set`, every rank, as Horovod's; None means the same).
+    `bucket_cap_mb` (hpcring's, not Horovod's; default `HPCRING_BUCKET_CAP_MB`, 25) caps the gradient
+    buckets reduced as one request each; 0 reduces every gradient as its own request.
     """
     hvd = _hvd()
     op = hvd.Average if op is None else op
@@ -412,5 +579,6 @@ def DistributedOptimizer(
         groups,
         sparse_as_dense,
         process_set,
+        bucket_cap_mb,
     )
     return wrapped

@@ -33,3 +33,11 @@ def test_data_parallel_contracts_on_every_rank(hpcring_run: RunRanks, np: int, n
     assert sorted(passed) == list(range(np)), out[-3000:]
     assert len(set(passed.values())) == 1, passed  # the same tests passed on every rank
     assert min(passed.values()) >= 68, passed  # all four files were collected, not just one
+
+
+@pytest.mark.mpi
+def test_gradient_buckets_at_one_rank(hpcring_run: RunRanks) -> None:
+    """At one rank nothing is reduced (no hooks, as Horovod): the bucket tests must still hold there."""
+    proc = hpcring_run(1, ranked_pytest(f"{TESTS}/test_buckets_ranked.py"), timeout=200)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    assert re.search(r"^\[0\]<stdout>:\d+ passed", proc.stdout, re.M), proc.stdout[-2000:]

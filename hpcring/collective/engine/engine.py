@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import functools
 import itertools
 import logging
@@ -199,6 +200,7 @@ class Engine:
         self._stopped = threading.Event()
         self._closed = False
         self._cycle_no = 0
+        self._tunes = 0  # Engine.tune calls on this rank: numbers their names
         self._timeline: Timeline | None = None
         self._chunk = chunk_bytes(DEFAULT_CHUNK_BYTES)  # ring pipelining chunk, read once
         self._shm_slot = slot_limit()  # largest fused batch through shared memory, read once
@@ -216,6 +218,7 @@ class Engine:
             "no_pack": 0,  # fused batches reduced straight from the callers' adjacent inputs
             "no_unpack": 0,  # fused batches reduced straight into the callers' adjacent outputs
             "shm": 0,  # fused batches reduced through the node's shared-memory segment
+            "tunes": 0,  # Engine.tune requests applied
         }
         self._configure_logging()
         root = world.subset(range(world.size))  # the engine's own communicators, never the caller's
@@ -306,6 +309,41 @@ class Engine:
                 if rs == wanted:
                     return sid
         return None
+
+    def tune(self, fusion_threshold: int | None = None, cycle_time_ms: float | None = None) -> Handle:
+        """Change the fusion threshold (bytes) and cycle time (ms) of the running engine: the hook an
+        autotuner drives. Collective over the global set, negotiated like any op: every rank calls it (the
+        same number of times, in its op sequence), and the values of the global set's rank 0 are applied
+        on every rank when the request executes, so batches planned after it use the new threshold on every
+        rank (the fusion layout must agree) and batches planned before it the old one. Other ranks may pass
+        None. None on rank 0 keeps that setting. The handle's result is the (fusion_threshold,
+        cycle_time_ms) now in force. ValueError for a negative value."""
+        for what, value in (("fusion_threshold", fusion_threshold), ("cycle_time_ms", cycle_time_ms)):
+            if value is not None and (isinstance(value, bool) or not value >= 0):
+                raise ValueError(f"Engine.tune: {what} must be a number >= 0 or None, got {value!r}")
+        with self._lock:
+            self._tunes += 1
+            name = f"engine.tune.{self._tunes}"
+        extra = (
+            -1 if fusion_threshold is None else int(fusion_threshold),
+            -1 if cycle_time_ms is None else round(cycle_time_ms * 1000),
+        )
+        return self.submit(Request(Signature(name, OpType.TUNE, extra=extra), 0))
+
+    def _apply_tuning(self, extra: tuple[int, ...]) -> tuple[int, float]:
+        """Engine thread, executing an agreed TUNE response: the new settings, and forget remembered fusion
+        plans (they were made with the old threshold)."""
+        threshold, cycle_us = extra
+        changes: dict[str, Any] = {}
+        if threshold >= 0:
+            changes["fusion_threshold"] = threshold
+        if cycle_us >= 0:
+            changes["cycle_time_ms"] = cycle_us / 1000
+        self.settings = dataclasses.replace(self.settings, **changes)
+        for st in self._sets.values():
+            st.plan_memo = None
+        self.stats["tunes"] += 1
+        return self.settings.fusion_threshold, self.settings.cycle_time_ms
 
     def start_timeline(self, path: str, mark_cycles: bool = False) -> None:
         """Start writing a Chrome trace.
@@ -401,12 +439,11 @@ class Engine:
 
     def _run(self) -> None:
         try:
-            period = self.settings.cycle_time_ms / 1000.0
             while True:
                 start = time.monotonic()
                 if self._cycle():
                     break
-                self._sleep(start, period)
+                self._sleep(start, self.settings.cycle_time_ms / 1000.0)  # Engine.tune may change it
         except BaseException as exc:  # the thread must never die silently: callers would wait forever
             log.exception("hpcring engine thread failed")
             self._stop_reason = f"engine thread failed: {exc!r}"
@@ -1051,6 +1088,8 @@ class Engine:
         if op is OpType.REMOVE_PROCESS_SET:
             self._remove_set(sig.extra[0])
             return None
+        if op is OpType.TUNE:
+            return self._apply_tuning(sig.extra)
         assert req is not None and req.tensor is not None  # joined ranks are refused in negotiation
         tensor = req.tensor
         with self._span(timeline, [sig.name], "COLLECTIVE"):
@@ -1229,6 +1268,7 @@ _NO_STAND_IN = frozenset(
         OpType.REDUCESCATTER,
         OpType.ADD_PROCESS_SET,
         OpType.REMOVE_PROCESS_SET,
+        OpType.TUNE,
     }
 )
 

@@ -33,6 +33,7 @@ class OpType(enum.Enum):
     JOIN = "join"
     ADD_PROCESS_SET = "add_process_set"
     REMOVE_PROCESS_SET = "remove_process_set"
+    TUNE = "tune"  # new fusion threshold and cycle time, applied at one point of the op sequence everywhere
 
 
 # Requests whose signature can live in the response cache (the steady-state fast path).

@@ -23,6 +23,7 @@ _FIELDS: dict[OpType, tuple[str, ...]] = {
     OpType.JOIN: (),
     OpType.ADD_PROCESS_SET: ("extra",),
     OpType.REMOVE_PROCESS_SET: ("extra",),
+    OpType.TUNE: (),  # the values of the set's rank 0 are applied (the tuner runs there, as Horovod's)
 }
 
 _LABEL = {

@@ -131,3 +131,30 @@ def test_other_collectives_through_the_engine(engine: Engine, world: Topology) -
     rs = submit(engine, OpType.REDUCESCATTER, "rs", np.ones((2 * n, 2))).wait()
     assert rs.tolist() == [[float(n)] * 2] * 2
     assert submit(engine, OpType.BARRIER, "b").wait() is None
+
+
+def test_tune_applies_rank_zeros_values_on_every_rank(engine: Engine, world: Topology) -> None:
+    """Engine.tune (the autotuner's hook): the global set's rank 0 decides, every rank applies the values at
+    the same point of the op sequence, and the next fused batches follow the new threshold everywhere."""
+    old = (engine.settings.fusion_threshold, engine.settings.cycle_time_ms)
+    mine = (128, 2.5) if world.rank == 0 else (None, None)
+    assert engine.tune(*mine).wait() == (128, 2.5)
+    assert (engine.settings.fusion_threshold, engine.settings.cycle_time_ms) == (128, 2.5)
+    batches, fused = engine.stats["batches"], engine.stats["fused"]
+    reqs = [
+        Request(
+            Signature(f"tuned.{i}", OpType.ALLREDUCE, "float32", (16,), "sum"),  # 64 bytes: two per batch
+            0,
+            np.full(16, float(world.rank), np.float32),
+            np.empty(16, np.float32),
+        )
+        for i in range(8)
+    ]
+    engine.submit_many(reqs)
+    for q in reqs:
+        np.testing.assert_array_equal(q.handle.wait(), np.full(16, world.size * (world.size - 1) / 2))
+    assert engine.stats["batches"] - batches == 4
+    assert engine.stats["fused"] - fused == 8
+    assert engine.tune(*old).wait() == old  # every rank passes the same values: the same result
+    with pytest.raises(ValueError, match="fusion_threshold"):
+        engine.tune(-1)
