@@ -19,6 +19,7 @@ from hpcring.schedulers import containers, interconnect
 from hpcring.schedulers.containers import ContainerPlan
 from hpcring.schedulers.job import JobSpec, describe
 from hpcring.schedulers.mapping import RankMap
+from hpcring.schedulers.model import LAUNCHERS_OF
 from hpcring.schedulers.shell import Raw, check_line_safe
 
 
@@ -228,6 +229,11 @@ def build(
     _check_values(job, account)
     sched = scheduler(site.scheduler)
     launch = launcher(launcher_name or site.launcher)
+    if launch.name not in LAUNCHERS_OF.get(sched.name, (launch.name,)):
+        raise ConfigError(
+            f"launcher {launch.name!r} cannot start ranks under {sched.name}; allowed: "
+            f"{choices(LAUNCHERS_OF[sched.name])}"
+        )
     contents = launch.files(rm)
     files: list[ExtraFile] = []
     paths: dict[str, str] = {}

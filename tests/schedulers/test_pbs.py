@@ -302,3 +302,17 @@ def test_map_format_mpiexec() -> None:
     assert res.returncode == 0, res.stderr
     first, *wrapper = res.stdout.splitlines()
     assert first.startswith("mpiexec -n 8 -ppn 4 -bind-to user:0+1+") and wrapper[0] == "#!/bin/bash"
+
+
+@pytest.mark.parametrize(
+    ("prof", "launcher", "allowed"),
+    [("generic-pbs", "srun", "'mpiexec' or 'mpirun'"), ("generic-slurm-gpu", "mpiexec", "'srun' or 'mpirun'"),
+     ("generic-flux", "mpiexec", "'flux'")],
+)  # fmt: skip
+def test_launcher_override_must_fit_the_scheduler(prof: str, launcher: str, allowed: str) -> None:
+    res = cli("render", "--profile", prof, "--launcher", launcher, "--", "true")
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert (
+        f"launcher {launcher!r} cannot start ranks under" in res.stderr
+        and f"allowed: {allowed}" in res.stderr
+    )
