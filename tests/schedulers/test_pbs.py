@@ -9,6 +9,7 @@ tests/schedulers/test_pbs.py`.
 from __future__ import annotations
 
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -316,3 +317,59 @@ def test_launcher_override_must_fit_the_scheduler(prof: str, launcher: str, allo
         f"launcher {launcher!r} cannot start ranks under" in res.stderr
         and f"allowed: {allowed}" in res.stderr
     )
+
+
+@pytest.mark.parametrize("rpn", [1, 2])
+def test_launch_line_under_real_hydra(rpn: int, tmp_path: Path) -> None:
+    """The rendered script's hydra launch line, run by the real MPICH hydra mpiexec of the MPICH wheel on a
+    node shaped like this machine (2 cores, 2 GPUs): each rank is bound to the CPU the RankMap gives it and
+    the wrapper, reading hydra's own MPI_LOCALRANKID, shows it only its GPU."""
+    import os
+
+    import yaml
+    from support import flavour_python
+
+    hydra = Path(flavour_python("mpich")).parent / "mpiexec"
+    if len(os.sched_getaffinity(0)) < 2 or not hydra.exists():
+        pytest.skip("needs 2 usable CPUs and the MPICH wheel's mpiexec (make setup)")
+    data = yaml.safe_load(profile.source_of("generic-pbs")[1])
+    data["node"].update(
+        sockets=1,
+        cores_per_socket=2,
+        threads_per_core=1,
+        numa=[{"id": 0, "cores": "0-1"}],
+        gpus=[{"index": 0, "numa": 0}, {"index": 1, "numa": 0}],
+        nics=[],
+    )
+    path = tmp_path / "two-cores.yaml"
+    path.write_text(yaml.safe_dump(data))
+    probe = (
+        "import json, os; print('PROBE ' + json.dumps({'rank': os.environ['PMI_RANK'], "
+        "'local': os.environ['MPI_LOCALRANKID'], 'cpus': sorted(os.sched_getaffinity(0)), "
+        "'gpus': os.environ.get('CUDA_VISIBLE_DEVICES')}), flush=True)"
+    )
+    command = (sys.executable, "-c", probe)
+    rm = mapping.build(profile.load(str(path)), JobSpec(nodes=1, ranks_per_node=rpn, steps=(Step(command),)))
+    text = render_plan(make_plan(str(path), nodes=1, ranks_per_node=rpn, command=command))
+    assert "-bind-to user:" in text
+    nodefile = tmp_path / "nodefile"
+    nodefile.write_text("localhost\n")
+    env = {
+        "PATH": f"{hydra.parent}:/usr/bin:/bin",
+        "HOME": str(tmp_path),
+        "PBS_NODEFILE": str(nodefile),
+        "PBS_JOBID": "9.real",
+        "PBS_O_WORKDIR": str(tmp_path),
+    }
+    res = run_rendered(tmp_path, text, env)
+    assert res.returncode == 0, res.stderr
+    got = sorted(probes(res.stdout), key=lambda r: int(r["rank"]))
+    assert got == [
+        {
+            "rank": str(r.rank),
+            "local": str(r.slot.local_rank),
+            "cpus": list(r.slot.cpus),
+            "gpus": str(r.slot.gpus[0]),
+        }
+        for r in rm.ranks()
+    ]
