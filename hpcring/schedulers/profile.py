@@ -303,7 +303,7 @@ def _site(d: Mapping[str, Any], node: Node, where: str) -> Site:
             extra_directives=tuple(lsf.get("extra_directives", [])),
         ),
         pbs=site_options.pbs(d.get("pbs") or {}, d.get("mpi", "openmpi"), where),
-        flux=site_options.flux(d.get("flux") or {}),
+        flux=site_options.flux(d.get("flux") or {}, where),
     )
 
 

@@ -39,10 +39,17 @@ def pbs(d: Mapping[str, Any], mpi: str, where: str) -> PbsOptions:
     )
 
 
-def flux(d: Mapping[str, Any]) -> FluxOptions:
+def flux(d: Mapping[str, Any], where: str) -> FluxOptions:
     """FluxOptions from a schema-valid `site.flux` mapping."""
+    exclusive = d.get("exclusive", True)
+    for key in ("cpu_affinity", "gpu_affinity"):
+        if d.get(key) == "map" and not exclusive:
+            raise ProfileError(
+                f"{where}: site.flux.{key}: 'map' binds ranks to the mapping's devices, which only an "
+                "exclusive node is sure to hold; set site.flux.exclusive: true or use 'per-task'"
+            )
     return FluxOptions(
-        exclusive=d.get("exclusive", True),
+        exclusive=exclusive,
         setattr=tuple((k, _scalar(v)) for k, v in (d.get("setattr") or {}).items()),
         cpu_affinity=d.get("cpu_affinity", "per-task"),
         gpu_affinity=d.get("gpu_affinity", "per-task"),

@@ -191,3 +191,46 @@ def test_map_format_flux() -> None:
     assert res.stdout == (
         "flux run -N 2 -n 8 -c 8 -g 1 --exclusive -o cpu-affinity=per-task -o gpu-affinity=per-task\n"
     )
+
+
+@pytest.mark.parametrize(("nodes", "rpn"), [(1, 2), (2, 4)])
+def test_map_affinity_binds_the_rankmap_devices(nodes: int, rpn: int, tmp_path: Path) -> None:
+    """`site.flux.cpu_affinity: map` and `gpu_affinity: map`: flux run gets the RankMap's own CPUs and GPUs
+    per local task (`map:A;B;...`); run through the stand-in flux, each task lands on exactly those (here with
+    reserved cores, where Flux's per-task shares would differ)."""
+    import yaml
+
+    data = yaml.safe_load(profile_text("generic-flux"))
+    data["node"]["reserved_cores"] = [0, 16]
+    data["site"]["flux"] = {"exclusive": True, "cpu_affinity": "map", "gpu_affinity": "map"}
+    path = tmp_path / "mapped.yaml"
+    path.write_text(yaml.safe_dump(data))
+    rm = mapping.build(profile.load(str(path)), JobSpec(nodes=nodes, ranks_per_node=rpn))
+    text = render_plan(make_plan(str(path), nodes=nodes, ranks_per_node=rpn, command=PROBE))
+    assert "cpu-affinity=map:" in text and "gpu-affinity=map:" in text
+    env = tools_env(tmp_path, STANDIN_FLUX_HOSTS=",".join(f"node{n + 1}" for n in range(nodes)))
+    script = tmp_path / "job.sh"
+    script.write_text(text)
+    res = subprocess.run(
+        ["bash", str(script)], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120
+    )
+    assert res.returncode == 0, res.stderr
+    got = sorted(probes(res.stdout), key=lambda r: int(r["FLUX_TASK_RANK"]))
+    assert [(r["STANDIN_HOST"], r["STANDIN_CPUS"], r["CUDA_VISIBLE_DEVICES"]) for r in got] == [
+        (f"node{r.node + 1}", ",".join(map(str, r.slot.cpus)), ",".join(map(str, r.slot.gpus)))
+        for r in rm.ranks()
+    ]
+
+
+def test_map_affinity_needs_exclusive_nodes(tmp_path: Path) -> None:
+    from hpcring.errors import ProfileError
+
+    path = derived_profile(tmp_path, "generic-flux", flux={"exclusive": False, "cpu_affinity": "map"})
+    with pytest.raises(
+        ProfileError, match=r"site\.flux\.cpu_affinity: 'map' binds ranks .* site\.flux\.exclusive"
+    ):
+        profile.load(path)
+
+
+def profile_text(name: str) -> str:
+    return profile.source_of(name)[1]

@@ -5,8 +5,8 @@
   own instance" (FLUX_JOB_ID set; hosts node1..nodeN for `-N N`); output in `flux-ID.out` unless `--output`.
 - `flux run [-N] [-n] [-c] [-g] [--exclusive] [-o cpu-affinity=..] [-o gpu-affinity=..] COMMAND`: starts
   every task here, tasks spread evenly over the nodes in blocks; per-task affinity gives task i of a node
-  cores i*c.. (STANDIN_CPUS, not applied) and GPUs i*g.. (CUDA_VISIBLE_DEVICES); exits with the highest
-  task status.
+  cores i*c.. (STANDIN_CPUS, not applied) and GPUs i*g.. (CUDA_VISIBLE_DEVICES), `map:A;B;..` gives task i
+  entry i; exits with the highest task status.
 - `flux jobs -n -o FORMAT ID`: the job's state (DEPEND..INACTIVE), result and returncode (empty while
   active; minus the signal when killed).
 - `flux hostlist -n N instance`: host N of the enclosing instance.
@@ -109,6 +109,19 @@ def run_job(job_id: str) -> None:
     common.save_job(job)
 
 
+def affinity(value: str, local: int, per_task: int, per_node: int) -> str | None:
+    """The set task `local` of a node is bound to (or sees): its share (per-task), the documented `map:` entry
+    (entries reused in turn when there are fewer than tasks), all the job's (on), or None (off)."""
+    if value == "off":
+        return None
+    if value == "per-task":
+        return common.format_cpus(list(range(local * per_task, (local + 1) * per_task)))
+    if value.startswith("map:"):
+        entries = value[len("map:") :].split(";")
+        return common.format_cpus(common.cpu_list(entries[local % len(entries)]))
+    return common.format_cpus(list(range(per_node * per_task)))
+
+
 def run(argv: list[str]) -> int:
     p = resource_parser("run")
     p.add_argument("command", nargs=argparse.REMAINDER)
@@ -117,13 +130,15 @@ def run(argv: list[str]) -> int:
         common.die("flux-run", "job command and arguments are missing", 1)
     opts = dict(o.split("=", 1) for o in args.setopt)
     for key in ("cpu-affinity", "gpu-affinity"):
-        if opts.get(key, "on") not in ("on", "off", "per-task"):
-            common.die("flux-run", f"invalid {key}={opts[key]}", 1)
+        value = opts.get(key, "on")
+        if value not in ("on", "off", "per-task") and not value.startswith("map:"):
+            common.die("flux-run", f"invalid {key}={value}", 1)
     hosts = os.environ.get("STANDIN_FLUX_HOSTS", "node1").split(",")
     nodes = args.nodes or 1
     if nodes > len(hosts):
         common.die("flux-run", f"unsatisfiable request: {nodes} nodes, the instance has {len(hosts)}", 1)
     per_node = -(-args.ntasks // nodes)
+    c, g = args.cores_per_task, args.gpus_per_task
     tasks = []
     for rank in range(args.ntasks):
         node, local = divmod(rank, per_node)
@@ -134,14 +149,11 @@ def run(argv: list[str]) -> int:
             "FLUX_JOB_SIZE": str(args.ntasks),
             "STANDIN_HOST": hosts[node],
         }
-        c, g = args.cores_per_task, args.gpus_per_task
-        env["STANDIN_CPUS"] = (
-            common.format_cpus(list(range(local * c, (local + 1) * c)))
-            if opts.get("cpu-affinity", "on") == "per-task"
-            else "none"
-        )
-        if g and opts.get("gpu-affinity", "on") == "per-task":
-            env["CUDA_VISIBLE_DEVICES"] = common.format_cpus(list(range(local * g, (local + 1) * g)))
+        env["STANDIN_CPUS"] = affinity(opts.get("cpu-affinity", "on"), local, c, per_node) or "none"
+        if g:
+            gpus = affinity(opts.get("gpu-affinity", "on"), local, g, per_node)
+            if gpus is not None:
+                env["CUDA_VISIBLE_DEVICES"] = gpus
         tasks.append((args.command, env))
     return common.run_tasks(tasks)
 
