@@ -37,7 +37,9 @@ def prepare(args: argparse.Namespace, out: Path | None) -> tuple[object, str]:
         opts = plan.RenderOptions(files_dir=str(out.resolve().parent), basename=out.stem)
     else:
         opts = plan.RenderOptions()
-    p = plan.build(rm, job, opts, launcher_name=args.launcher)
+    from hpcring.launch.elastic import batch
+
+    p = batch.apply(plan.build(rm, job, opts, launcher_name=args.launcher), job)
     return p, render.render(p)
 
 

@@ -51,6 +51,7 @@ class JobSpec:
     modules: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
     steps: tuple[Step, ...] = field(default_factory=tuple)
+    elastic: tuple[int, int] | None = None  # (min_nodes, max_restarts): hpcring.launch.elastic.batch
 
 
 def command_argv(command: str | Sequence[str]) -> tuple[str, ...]:
@@ -99,6 +100,11 @@ def from_mapping(data: Mapping[str, Any], where: str = "<job>") -> JobSpec:
         modules=tuple(data.get("modules", [])),
         env=tuple((k, _env_str(v)) for k, v in (data.get("env") or {}).items()),
         steps=steps,
+        elastic=(
+            (data["elastic"]["min_nodes"], data["elastic"].get("max_restarts", 3))
+            if "elastic" in data
+            else None
+        ),
     )
 
 

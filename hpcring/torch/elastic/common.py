@@ -34,6 +34,21 @@ def _default_bcast(obj: Any, root_rank: int = 0, name: str | None = None) -> Any
     return broadcast_object(obj, root_rank=root_rank, name=name)
 
 
+_RESULTS = ("", contract.ADDED, contract.REMOVED, contract.MIXED)
+
+
+def _broadcast_notice(timestamp: int, result: str) -> tuple[int, str]:
+    """Rank 0's (timestamp, result) on every rank in one small tensor broadcast: it runs at every commit,
+    so it costs one collective, not the two (size, then bytes) of broadcast_object."""
+    import torch
+
+    import hpcring.torch as hvd
+
+    t = torch.tensor([timestamp, _RESULTS.index(result)], dtype=torch.int64)
+    hvd.broadcast_(t, 0, name="elastic.host_updates")
+    return int(t[0]), _RESULTS[int(t[1])]
+
+
 def _default_rank() -> int:
     import hpcring.torch as hvd
 
@@ -81,7 +96,10 @@ class State:
         prev = self._last_updated_timestamp
         notice = contract.read_notice(os.environ.get(contract.NOTIFY))
         mine = (notice.timestamp, notice.result) if notice and notice.timestamp > prev else (prev, "")
-        timestamp, result = self._bcast_object(mine, 0, "elastic.host_updates")
+        if self._bcast_object is _default_bcast:
+            timestamp, result = _broadcast_notice(*mine)
+        else:
+            timestamp, result = self._bcast_object(mine, 0, "elastic.host_updates")
         self._last_updated_timestamp = int(timestamp)
         if self._last_updated_timestamp > prev:
             raise HostsUpdatedInterrupt(skip_sync=result == contract.ADDED)
