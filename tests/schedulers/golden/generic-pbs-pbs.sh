@@ -13,7 +13,7 @@
 #PBS -k doe
 #PBS -j oe
 # PBS starts the script in the home directory: run where qsub was called, as sbatch and bsub do.
-cd "${PBS_O_WORKDIR:-.}"
+cd "${PBS_O_WORKDIR:-.}" || exit 2
 set -euo pipefail
 
 # Environment: interconnect defaults, rendezvous, site, job.
