@@ -15,18 +15,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hpcring.collective.engine import OpType, Signature, phases
+from hpcring.collective.engine.bits import _pack_bits, _unpack_bits
+from hpcring.collective.engine.buffers import _adjacent_span, _unpack
 from hpcring.collective.engine.cache import ResponseCache
-from hpcring.collective.engine.engine import (
-    Engine,
-    Response,
-    _adjacent_span,
-    _pack_bits,
-    _unpack,
-    _unpack_bits,
-    plan_batches,
-    plan_indices,
-)
+from hpcring.collective.engine.engine import Engine
 from hpcring.collective.engine.request import Handle, Request, complete
+from hpcring.collective.engine.responses import Response, plan_batches, plan_indices
 from hpcring.collective.engine.timeline import Timeline
 from hpcring.collective.engine.validation import check_agreement
 from hpcring.config import DEFAULT_FUSION_THRESHOLD, EngineSettings, engine_settings

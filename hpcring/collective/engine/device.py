@@ -56,7 +56,7 @@ from hpcring.config import EngineSettings
 from hpcring.errors import CollectiveError
 
 if TYPE_CHECKING:
-    from hpcring.collective.engine.engine import Response
+    from hpcring.collective.engine.responses import Response
     from hpcring.collective.engine.timeline import Timeline
     from hpcring.collective.topology import Topology
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from hpcring.collective.engine import Engine, OpType, Request, Signature
-from hpcring.collective.engine.engine import SHM_FUSED_MIN_BYTES
+from hpcring.collective.engine.execution import SHM_FUSED_MIN_BYTES
 from hpcring.collective.topology import Topology
 from hpcring.config import EngineSettings
 from hpcring.errors import ConfigError

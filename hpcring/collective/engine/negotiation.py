@@ -1,0 +1,223 @@
+"""Negotiation: which requests are ready on every rank of a set (steps 1 and 2 of `engine.py`'s docstring).
+
+Cached requests travel as bits of one small non-blocking allreduce; uncached ones are announced through an
+allgather of their signatures into a table that is identical on every rank, where they are validated."""
+
+from __future__ import annotations
+
+import time
+from itertools import repeat
+
+import numpy as np
+
+from hpcring.collective.engine.bits import (
+    _ALL_FLAGS,
+    _NO_ABORT,
+    _NO_NEW,
+    _NO_SHUTDOWN,
+    _pack_bits,
+    _unpack_bits,
+)
+from hpcring.collective.engine.joined import _NO_STAND_IN
+from hpcring.collective.engine.request import CACHEABLE, OpType, Signature
+from hpcring.collective.engine.responses import _ALLREDUCE, _JOIN, _REQ_SIG, Response, _response
+from hpcring.collective.engine.stall import _STALL_CHECK_EVERY_S, StallInspector
+from hpcring.collective.engine.state import _Entry, _SetState
+from hpcring.collective.engine.timeline import Timeline
+from hpcring.collective.engine.validation import check_agreement
+from hpcring.collective.progress import wait_polled
+
+
+class Negotiation(StallInspector):
+    """Mixed into `Engine`; runs on the engine thread only."""
+
+    def _agree(self, st: _SetState, flags: int, hit: int, absent: int) -> tuple[int, int, int]:
+        """Bitwise AND over the set's ranks of this rank's (flags, hit, absent) words (see `_vector`).
+
+        The bit sets travel as Python ints serialised little-endian: a few byte conversions instead of a loop
+        over words (and a bitwise AND does not care about byte order). The allreduce is non-blocking and
+        polled (`progress.wait_polled`): a blocking MPI call busy-polls, and when ranks outnumber cores that
+        spin steals the CPU the other ranks need. A set of one rank agrees with itself: no vector at all."""
+        if st.size == 1:
+            return flags, hit, absent
+        nbytes = 8 * st.cache.words
+        raw = flags.to_bytes(8, "little") + hit.to_bytes(nbytes, "little") + absent.to_bytes(nbytes, "little")
+        vec = np.frombuffer(bytearray(raw), dtype=np.uint64)
+        wait_polled(st.comm.Iallreduce(self._mpi.IN_PLACE, vec, op=self._mpi.BAND))
+        raw = vec.tobytes()
+        return (
+            int.from_bytes(raw[:8], "little"),
+            int.from_bytes(raw[8 : 8 + nbytes], "little"),
+            int.from_bytes(raw[8 + nbytes :], "little"),
+        )
+
+    def _intake(self, st: _SetState, timeline: Timeline | None, now: float) -> None:
+        with self._lock:
+            new, st.incoming = st.incoming, []
+        if len(new) == 1 and timeline is None:  # the latency path
+            bit = st.cache.lookup(new[0].sig)  # None for anything never cached (join, barrier, ...)
+            if bit is not None:
+                st.cached_wait[bit] = new[0]
+                new = []
+        elif new and timeline is None:
+            bits = st.cache.lookup_all(list(map(_REQ_SIG, new)))
+            if bits is not None:  # the steady state: every new request is cached (C-level passes)
+                st.cached_wait.update(zip(bits, new, strict=True))
+                new = []
+        lookup, cached_wait, outbox = st.cache.lookup, st.cached_wait, st.outbox
+        for req in new:
+            sig = req.sig
+            if timeline is not None and sig.name not in st.negotiating:
+                st.negotiating.add(sig.name)
+                timeline.begin(sig.name, f"NEGOTIATE_{sig.op_type.name}", when=req.submitted_at)
+            op = sig.op_type
+            if op is _JOIN:
+                st.local_join = req
+            elif op is _ALLREDUCE or op in CACHEABLE:  # `is` first: hashing an Enum runs Python code
+                bit = lookup(sig)
+                if bit is not None:
+                    cached_wait[bit] = req
+                    continue
+            outbox.append(req)
+        if st.joined:  # ops some rank has joined out of cannot complete from the cache: to the table
+            for bit, req in list(cached_wait.items()):
+                if req.sig.op_type in _NO_STAND_IN:
+                    del cached_wait[bit]
+                    outbox.append(req)
+        # Cached requests waiting long go through the table, where the stall inspector can name missing ranks.
+        # Scanned a few times per patience period, not every cycle (a fused step keeps hundreds cached).
+        patience = self.settings.stall_check_time_s / 2
+        scan_due = now - st.last_patience_scan > patience / 4
+        if cached_wait and scan_due and not self.settings.stall_check_disable:
+            st.last_patience_scan = now
+            for bit, req in list(cached_wait.items()):
+                if now - req.submitted_at > patience:
+                    del cached_wait[bit]
+                    outbox.append(req)
+
+    def _vector(self, st: _SetState) -> tuple[int, int, int]:
+        """This rank's (flags, hit, absent). Bit b of `hit`: "I have cached request b pending (or joined)";
+        of `absent`: "I do not have it". After the AND over ranks, hit & ~absent = ready and wanted by some
+        rank."""
+        flags = _ALL_FLAGS
+        if st.outbox:
+            flags &= ~_NO_NEW
+        if st.id == 0 and self._closed:
+            flags &= ~_NO_SHUTDOWN
+        if st.abort:
+            flags &= ~_NO_ABORT
+        hit = _pack_bits(st.cached_wait, len(st.cached_wait))
+        absent = hit ^ ((1 << 64 * st.cache.words) - 1)
+        if st.local_join is not None:
+            # A joined rank agrees to every cached op it is not itself waiting on through the table, and that
+            # it can stand in for (allreduces): the others go through the table on the other ranks
+            # (`_intake`), where they fail on every rank that submitted them.
+            pending, cached = st.inflight, st.cache.signature
+            agree = [
+                b
+                for b in st.cache.bits()
+                if (sig := cached(b)).name not in pending and sig.op_type not in _NO_STAND_IN
+            ]
+            hit |= _pack_bits(agree, len(agree))
+        return flags, hit, absent
+
+    def _negotiate(self, st: _SetState, timeline: Timeline | None) -> tuple[list[Response], int]:
+        """Steps 1 and 2 of the module docstring; returns (ready responses, agreed flags)."""
+        now = time.monotonic()
+        self._intake(st, timeline, now)
+        flags, hit, absent = self._agree(st, *self._vector(st))
+        if st.id == 0 and not flags & _NO_SHUTDOWN:
+            return [], flags
+        ready = hit & ~absent
+        responses: list[Response] = []
+        if ready:
+            ready_at = time.monotonic()
+            bits = _unpack_bits(ready)  # in increasing order: the same order on every rank
+            sigs = st.cache.signatures(bits)
+            locals_ = list(map(st.cached_wait.pop, bits, repeat(None)))  # None: joined, neutral values
+            columns = zip(sigs, locals_, repeat(None), repeat(None), repeat(ready_at), bits)
+            responses = list(map(_response, columns))
+        st.ready_key = (ready, st.cache.version, len(responses)) if ready else None
+        self.stats["cache_hits"] += len(responses)
+        if not flags & _NO_NEW:
+            self._exchange(st, timeline, now)
+        responses.extend(self._table_ready(st, timeline))
+        if st.rank == 0 and now - st.last_stall_check > _STALL_CHECK_EVERY_S:
+            st.last_stall_check = now
+            self._check_stalls(st, now)
+        return responses, flags
+
+    def _exchange(self, st: _SetState, timeline: Timeline | None, now: float) -> None:
+        """Allgather the new signatures (with how long each waited) into the identical table on every rank."""
+        self.stats["exchanges"] += 1
+        mine, st.outbox = st.outbox, []
+        payload = [(req.sig, now - req.submitted_at) for req in mine]
+        for req in mine:
+            if req.sig.op_type is not _JOIN:
+                st.announced[req.sig.name] = req
+        gathered: list[list[tuple[Signature, float]]] = st.comm.allgather(payload)
+        for r, items in enumerate(gathered):
+            for sig, waited in items:
+                if sig.op_type is _JOIN:
+                    if r not in st.joined:
+                        st.joined.append(r)
+                    continue
+                bit = st.cache.evict(sig.name)  # someone announced it in full: the cached form is stale
+                if bit is not None and bit in st.cached_wait:
+                    st.outbox.append(st.cached_wait.pop(bit))
+                entry = st.table.get(sig.name)
+                if entry is None:
+                    entry = st.table[sig.name] = _Entry({}, now - waited)
+                    if timeline is not None and sig.name not in st.negotiating:
+                        st.negotiating.add(sig.name)
+                        timeline.begin(sig.name, f"NEGOTIATE_{sig.op_type.name}", when=now - waited)
+                entry.sigs[r] = sig
+                entry.first_seen = min(entry.first_seen, now - waited)
+                if timeline is not None:
+                    timeline.instant(sig.name, f"rank {st.ranks[r]} ready", args={"rank": st.ranks[r]})
+
+    def _table_ready(self, st: _SetState, timeline: Timeline | None) -> list[Response]:
+        if not st.table and not st.joined:
+            return []
+        everyone = set(range(st.size))
+        joined = set(st.joined)
+        out = []
+        for name in list(st.table):
+            entry = st.table[name]
+            sig = entry.sigs[min(entry.sigs)]
+            # An op joined ranks cannot stand in for fails at once, without waiting for the other ranks: it
+            # would fail anyway, and a rank that joined early may have fewer unnamed ops behind it, so the
+            # others' copies of this op can carry other names and would never meet (the table, and so this
+            # decision, is the same on every rank).
+            refused = bool(joined) and sig.op_type in _NO_STAND_IN
+            if not refused and not set(entry.sigs) | joined >= everyone:
+                continue
+            del st.table[name]
+            error = check_agreement(entry.sigs, st.ranks)
+            if error is None and refused:
+                error = self._join_refusal(st, sig, joined)
+            out.append(Response(sig, st.announced.pop(name, None), error, None, time.monotonic()))
+            self.stats["table_ready"] += 1
+        if st.joined and len(joined) == st.size:
+            last = st.ranks[st.joined[-1]]
+            local = st.local_join
+            st.joined.clear()
+            st.local_join = None
+            out.append(Response(Signature("join", _JOIN), local, None, last, time.monotonic()))
+        return out
+
+    @staticmethod
+    def _join_refusal(st: _SetState, sig: Signature, joined: set[int]) -> str:
+        """The error for an op that ranks `joined` cannot stand in for, raised on every rank that submitted
+        it (Horovod's rule and wording)."""
+        who = ", ".join(str(st.ranks[r]) for r in sorted(joined))
+        hint = (
+            " (DistributedOptimizer: sparse_as_dense=True reduces sparse gradients by allreduce)"
+            if sig.op_type is OpType.ALLGATHER
+            else ""
+        )
+        op = sig.op_type.value
+        return (
+            f"{op} {sig.name!r}: {op} is not supported with join, and ranks {who} have joined; only "
+            f"allreduce and barrier proceed until every rank has joined{hint}"
+        )

@@ -1,0 +1,81 @@
+"""Per-process-set state of the engine, and the attributes every part of the engine shares."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from hpcring.collective.engine.cache import ResponseCache
+from hpcring.collective.engine.request import Request, Signature
+from hpcring.collective.engine.responses import _Plan
+from hpcring.config import EngineSettings
+
+NDArray = np.ndarray[Any, Any]
+
+
+@dataclass
+class _Entry:
+    """Negotiation-table row: which set ranks announced a name, with what signature."""
+
+    sigs: dict[int, Signature]
+    first_seen: float
+    warned_at: float = 0.0
+
+
+class _SetState:
+    """Everything the engine keeps for one process set this rank belongs to."""
+
+    def __init__(self, set_id: int, ranks: Sequence[int], topology: Any, settings: EngineSettings) -> None:
+        self.id = set_id
+        self.ranks = tuple(ranks)  # world ranks, in set-rank order
+        self.topology = topology
+        self.comm = topology.comm
+        self.rank: int = topology.rank
+        self.size: int = topology.size
+        self.cache = ResponseCache(settings.cache_capacity)
+        self.inflight: dict[str, Request] = {}  # guarded by the engine lock (submit checks duplicates)
+        self.incoming: list[Request] = []  # guarded by the engine lock
+        self.outbox: list[Request] = []  # to announce through the table next cycle
+        self.announced: dict[str, Request] = {}  # announced through the table, waiting
+        self.cached_wait: dict[int, Request] = {}  # bit -> request waiting on the cache path
+        self.table: dict[str, _Entry] = {}
+        self.joined: list[int] = []  # set ranks, in the order their join became known
+        self.local_join: Request | None = None
+        self.abort = False  # set rank 0 decided to abort on a stall
+        self.fusion = np.empty(0, dtype=np.uint8)
+        self.last_stall_check = 0.0
+        self.last_patience_scan = 0.0
+        self.negotiating: set[str] = set()  # timeline: names with an open NEGOTIATE span
+        # (ready bits, cache version, count) of this cycle's cached responses; the plan made for such a key
+        self.ready_key: tuple[int, int, int] | None = None
+        self.plan_memo: tuple[tuple[int, int, int], _Plan, list[list[int] | None]] | None = None
+
+    def fusion_view(self, dtype: np.dtype[Any], count: int) -> NDArray:
+        """`count` elements of `dtype` in the persistent fusion buffer (grown, never shrunk)."""
+        need = count * dtype.itemsize
+        if self.fusion.nbytes < need:
+            self.fusion = np.empty(max(need, 2 * self.fusion.nbytes), dtype=np.uint8)
+        return self.fusion[:need].view(dtype)
+
+
+class EngineCore:
+    """What `Engine.__init__` sets and every part of the engine (negotiation, execution, stall inspection)
+    reads; declared here so each part can be read, and type-checked, on its own."""
+
+    settings: EngineSettings
+    stats: dict[str, int]
+    world_rank: int
+    world_size: int
+    _lock: threading.Lock
+    _mpi: Any
+    _closed: bool
+    _stop_reason: str | None
+    _sets: dict[int, _SetState]
+    _device: Any  # DevicePlane, built on the first device batch
+    _buffer: Any
+    _chunk: int
+    _shm_slot: int
