@@ -268,6 +268,39 @@ def test_random_strings_round_trip(payload: str, sandbox: dict[str, Any]) -> Non
     check("generic-slurm-gpu", payload, sandbox)
 
 
+_RANDOM = st.text(
+    alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=30
+)
+
+
+@pytest.mark.parametrize("name", ["generic-pbs", "generic-flux"])
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(payload=_RANDOM)
+def test_random_strings_pbs_flux_round_trip_and_shellcheck(
+    name: str, payload: str, sandbox: dict[str, Any]
+) -> None:
+    """Random text reaches PBS and Flux ranks verbatim, and the script stays shellcheck-clean."""
+    from sched_helpers import shellcheck
+
+    check(name, payload, sandbox)
+    line = " ".join(payload.splitlines()) or "x"
+    p = make_plan(
+        name,
+        nodes=1,
+        name=line,
+        output=line,
+        env=(("PAYLOAD", payload),),
+        modules=(payload or "m",),
+        image=f"/img/{payload}.sif",
+        binds=(f"/d/{payload}",),
+        command=("python3", payload),
+    )
+    script = sandbox["tmp"] / "random.sh"
+    script.write_text(render_plan(p))
+    res = shellcheck(script)
+    assert res.returncode == 0, res.stdout
+
+
 @pytest.mark.parametrize(
     ("field", "value"),
     [
