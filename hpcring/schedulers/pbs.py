@@ -39,7 +39,7 @@ def select(rm: RankMap) -> str:
     node, shape, opts = rm.profile.node, rm.shape, rm.profile.site.pbs
     ncpus = opts.ncpus if opts.ncpus is not None else node.cores * node.threads_per_core
     chunk = f"select={shape.nodes}:ncpus={ncpus}"
-    if shape.gpus_per_rank:
+    if shape.gpus_per_rank and opts.ngpus:
         # PBS counts physical GPUs; the node lists each tile of a tiled GPU (Intel Max) as an entry.
         devices = {g.device if g.device is not None else g.index for g in node.gpus}
         chunk += f":ngpus={len(devices)}"

@@ -33,6 +33,7 @@ def pbs(d: Mapping[str, Any], mpi: str, where: str) -> PbsOptions:
         place=d.get("place", "scatter"),
         filesystems=tuple(d.get("filesystems", [])),
         ncpus=d.get("ncpus"),
+        ngpus=d.get("ngpus", True),
         select=tuple((k, _scalar(v)) for k, v in (d.get("select") or {}).items()),
         keep=d.get("keep"),
         extra_directives=tuple(d.get("extra_directives", [])),

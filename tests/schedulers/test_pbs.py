@@ -373,3 +373,10 @@ def test_launch_line_under_real_hydra(rpn: int, tmp_path: Path) -> None:
         }
         for r in rm.ranks()
     ]
+
+
+def test_ngpus_can_be_left_out(tmp_path: Path) -> None:
+    """Sites that schedule whole nodes and define no ngpus resource: `site.pbs.ngpus: false`."""
+    path = derived_profile(tmp_path, "generic-pbs", pbs={"ngpus": False, "select": {"system": "polaris"}})
+    p = make_plan(path, nodes=2, command=("true",))
+    assert ("-l", "select=2:ncpus=64:system=polaris") in [(d.flag, d.value) for d in p.directives]
