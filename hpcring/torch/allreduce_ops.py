@@ -1,0 +1,257 @@
+"""allreduce in all its forms: async, in place, grouped, differentiable (sparse: `collective_ops.py`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from hpcring import _deps
+from hpcring.collective import dtypes
+from hpcring.collective.engine import OpType, ProcessSet, global_process_set
+from hpcring.torch.compression import Compression
+from hpcring.torch.op_handles import (
+    _group_names,
+    _name,
+    _op_name,
+    _Pending,
+    _register,
+    _submit_group,
+    handle_average_backwards_compatibility,
+    synchronize,
+)
+from hpcring.torch.tensors import _check_dtype, _check_scale, _shares, _submit, _view
+
+_deps.torch()  # a missing torch becomes BackendUnavailable naming the install command
+import torch  # noqa: E402
+
+# ---------------------------------------------------------------------- allreduce
+
+
+def _allreduce_async(
+    tensor: Any,
+    output: Any,
+    name: str | None,
+    op: Any,
+    prescale_factor: float,
+    postscale_factor: float,
+    process_set: ProcessSet,
+) -> int:
+    what = "allreduce"
+    dtype = _check_dtype(tensor, what)
+    op_name = _op_name(op, what)
+    dtypes.check_op(dtype, op, what)  # `op` is a ReduceOp: _op_name refused anything else
+    pre = _check_scale(prescale_factor, what, "prescale_factor")
+    post = _check_scale(postscale_factor, what, "postscale_factor")
+    src = _view(tensor)
+    out = src if output is tensor else _view(output)
+    h = _submit(
+        OpType.ALLREDUCE,
+        _name("allreduce", name, process_set),
+        tensor,
+        process_set,
+        output=out,
+        src=src,
+        reduce_op=op_name,
+        prescale=pre,
+        postscale=post,
+    )
+
+    def finish(_: list[Any]) -> Any:
+        if not _shares(out, output):  # staged (GPU or non-contiguous): copy the result back
+            output.copy_(out.tensor)
+        return output
+
+    return _register(_Pending([h], finish, [tensor, src, out]))
+
+
+def allreduce_async(
+    tensor: Any,
+    average: Any = None,
+    name: str | None = None,
+    op: Any = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+) -> int:
+    """Start averaging/summing `tensor` over the ranks (the input is not modified); returns a handle."""
+    op = handle_average_backwards_compatibility(op, average)
+    output = torch.empty_like(tensor, memory_format=torch.contiguous_format)
+    return _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor, process_set)
+
+
+def allreduce_async_(
+    tensor: Any,
+    average: Any = None,
+    name: str | None = None,
+    op: Any = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+) -> int:
+    """In-place allreduce_async: the result lands in `tensor`."""
+    op = handle_average_backwards_compatibility(op, average)
+    return _allreduce_async(tensor, tensor, name, op, prescale_factor, postscale_factor, process_set)
+
+
+class HorovodAllreduce(torch.autograd.Function):  # type: ignore[misc]
+    """Allreduce with a gradient: the gradient is allreduced with the same op and scale factors."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, tensor: Any, average: Any, name: Any, op: Any, pre: float, post: float, ps: Any
+    ) -> Any:
+        ctx.average, ctx.op, ctx.pre, ctx.post, ctx.ps = average, op, pre, post, ps
+        return synchronize(allreduce_async(tensor, average, name, op, pre, post, ps))
+
+    @staticmethod
+    def backward(ctx: Any, grad_output: Any) -> Any:
+        grad = allreduce(
+            grad_output,
+            average=ctx.average,
+            op=ctx.op,
+            prescale_factor=ctx.pre,
+            postscale_factor=ctx.post,
+            process_set=ctx.ps,
+        )
+        return grad, None, None, None, None, None, None
+
+
+def allreduce(
+    tensor: Any,
+    average: Any = None,
+    name: str | None = None,
+    compression: Any = Compression.none,
+    op: Any = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+) -> Any:
+    """Average (default) or sum `tensor` over the ranks; differentiable; the input is not modified."""
+    compressed, cctx = compression.compress(tensor)
+    reduced = HorovodAllreduce.apply(
+        compressed, average, name, op, prescale_factor, postscale_factor, process_set
+    )
+    return compression.decompress(reduced, cctx)
+
+
+def allreduce_(
+    tensor: Any,
+    average: Any = None,
+    name: str | None = None,
+    op: Any = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+) -> Any:
+    """In-place allreduce; returns `tensor`."""
+    return synchronize(
+        allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor, process_set)
+    )
+
+
+def grouped_allreduce_async(
+    tensors: Sequence[Any],
+    average: Any = None,
+    name: str | None = None,
+    op: Any = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+) -> int:
+    """allreduce_async of a list of tensors under one handle (fused together by the engine)."""
+    return _grouped_allreduce_submit(
+        allreduce_async, tensors, average, name, op, prescale_factor, postscale_factor, process_set
+    )
+
+
+def grouped_allreduce_async_(
+    tensors: Sequence[Any],
+    average: Any = None,
+    name: str | None = None,
+    op: Any = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+) -> int:
+    """In-place grouped_allreduce_async."""
+    return _grouped_allreduce_submit(
+        allreduce_async_, tensors, average, name, op, prescale_factor, postscale_factor, process_set
+    )
+
+
+def _grouped_allreduce_submit(
+    single: Callable[..., int],
+    tensors: Sequence[Any],
+    average: Any,
+    name: str | None,
+    op: Any,
+    prescale_factor: float,
+    postscale_factor: float,
+    process_set: ProcessSet,
+) -> int:
+    """Submit one `single` allreduce per tensor (in place or not) as one atomic, fusable group."""
+    op = handle_average_backwards_compatibility(op, average)
+    names = _group_names("allreduce", name, len(tensors), process_set)
+    return _submit_group(
+        lambda: [
+            single(t, None, n, op, prescale_factor, postscale_factor, process_set)
+            for t, n in zip(tensors, names, strict=True)
+        ]
+    )
+
+
+class HorovodGroupedAllreduce(torch.autograd.Function):  # type: ignore[misc]
+    """Grouped allreduce with gradients (each gradient allreduced like its tensor)."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, average: Any, name: Any, op: Any, pre: float, post: float, ps: Any, *tensors: Any
+    ) -> Any:
+        ctx.average, ctx.op, ctx.pre, ctx.post, ctx.ps = average, op, pre, post, ps
+        return tuple(synchronize(grouped_allreduce_async(list(tensors), average, name, op, pre, post, ps)))
+
+    @staticmethod
+    def backward(ctx: Any, *grad_outputs: Any) -> Any:
+        grads = grouped_allreduce(
+            list(grad_outputs),
+            average=ctx.average,
+            op=ctx.op,
+            prescale_factor=ctx.pre,
+            postscale_factor=ctx.post,
+            process_set=ctx.ps,
+        )
+        return (None, None, None, None, None, None, *grads)
+
+
+def grouped_allreduce(
+    tensors: Sequence[Any],
+    average: Any = None,
+    name: str | None = None,
+    compression: Any = Compression.none,
+    op: Any = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+) -> list[Any]:
+    """Allreduce a list of tensors together; differentiable; inputs unchanged."""
+    pairs = [compression.compress(t) for t in tensors]
+    reduced = HorovodGroupedAllreduce.apply(
+        average, name, op, prescale_factor, postscale_factor, process_set, *[p[0] for p in pairs]
+    )
+    return [compression.decompress(r, p[1]) for r, p in zip(reduced, pairs, strict=True)]
+
+
+def grouped_allreduce_(
+    tensors: Sequence[Any],
+    average: Any = None,
+    name: str | None = None,
+    op: Any = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+) -> list[Any]:
+    """In-place grouped allreduce; returns the tensors."""
+    result: list[Any] = synchronize(
+        grouped_allreduce_async_(tensors, average, name, op, prescale_factor, postscale_factor, process_set)
+    )
+    return result

@@ -1,0 +1,171 @@
+"""Horovod's reduce ops, names and integer handles: what `poll()` and `synchronize()` work on, and how a
+grouped call's requests are queued together."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from hpcring import _deps
+from hpcring.collective.engine import Handle, ProcessSet
+from hpcring.collective.ops import ReduceOp
+from hpcring.errors import CollectiveError, ConfigError
+from hpcring.torch import basics
+
+_deps.torch()  # a missing torch becomes BackendUnavailable naming the install command
+
+
+HorovodInternalError = CollectiveError
+
+Average = ReduceOp.AVERAGE
+
+Sum = ReduceOp.SUM
+
+Min = ReduceOp.MIN
+
+Max = ReduceOp.MAX
+
+Product = ReduceOp.PRODUCT
+
+
+class _AdasumOp:
+    """Horovod's Adasum reduction: accepted as a name, refused with a clear error when used."""
+
+    def __repr__(self) -> str:
+        return "Adasum"
+
+
+Adasum = _AdasumOp()
+
+_OPS = {Average: "average", Sum: "sum", Min: "min", Max: "max", Product: "product"}
+
+
+def handle_average_backwards_compatibility(op: Any, average: Any) -> Any:
+    """Horovod's rule: `average=` is deprecated; both given is a ValueError; neither means Average."""
+    if op is not None:
+        if average is not None:
+            raise ValueError("The op parameter supersedes average. Please provide only one of them.")
+        return op
+    if average is not None:
+        warnings.warn(
+            "Parameter `average` has been replaced with `op` and will be removed in v1.0",
+            DeprecationWarning,
+            2,
+        )
+        return Average if average else Sum
+    return Average
+
+
+def _op_name(op: Any, what: str) -> str:
+    if op is Adasum:
+        raise ConfigError(f"{what}: op=Adasum is not implemented in hpcring yet; use hvd.Average or hvd.Sum")
+    if isinstance(op, ReduceOp):
+        return _OPS[op]
+    raise ConfigError(
+        f"{what}: unknown op {op!r}; allowed: hvd.Average, hvd.Sum, hvd.Min, hvd.Max or hvd.Product"
+    )
+
+
+# ---------------------------------------------------------------------- handles
+
+
+@dataclass
+class _Pending:
+    """What synchronize() needs for one handle: the engine handles and how to build the result."""
+
+    handles: list[Handle]
+    finish: Callable[[list[Any]], Any]
+    keep: list[Any] = field(default_factory=list)  # inputs kept alive until completion
+
+
+_handle_map: dict[int, _Pending] = {}
+
+_handle_ids = itertools.count(1)
+
+_names_lock = threading.Lock()
+
+_noname: dict[tuple[int, int, str], itertools.count[int]] = {}
+
+
+def _name(prefix: str, name: str | None, process_set: ProcessSet | None = None) -> str:
+    """Horovod's naming: `<op>.<name>`, or `<op>.noname.<n>` counting per op kind and process set (so ops on
+    a set a rank is not in do not shift its numbering) and per init() (a re-initialised job starts at 0)."""
+    if name is not None:
+        return f"{prefix}.{name}"
+    key = (basics.generation(), basics._set_id(process_set), prefix)
+    with _names_lock:
+        counter = _noname.setdefault(key, itertools.count())
+        return f"{prefix}.noname.{next(counter)}"
+
+
+def _register(pending: _Pending) -> int:
+    handle = next(_handle_ids)
+    _handle_map[handle] = pending
+    return handle
+
+
+def poll(handle: int) -> bool:
+    """True when the operation finished (synchronize() will not block)."""
+    pending = _handle_map.get(handle)
+    if pending is None:
+        raise ValueError(f"unknown handle {handle!r} (already synchronized?)")
+    return all(h.done() for h in pending.handles)
+
+
+def synchronize(handle: Any) -> Any:
+    """Wait for an async operation and return its output (HorovodInternalError if it failed on the ranks)."""
+    if callable(handle):  # sparse_allreduce_async returns a closure, as Horovod
+        return handle()
+    pending = _handle_map.pop(handle, None)
+    if pending is None:
+        return None
+    results = []
+    for h in pending.handles:
+        results.append(h.wait())
+    return pending.finish(results)
+
+
+_tls = threading.local()
+
+
+def _submit_group(make: Callable[[], list[int]]) -> int:
+    """Run `make` (which calls the single-tensor *_async functions) and queue all its requests atomically, so
+    the group is negotiated, and fused, as one unit; returns one handle for the list of results."""
+    _tls.batch = []
+    handles: list[int] = []
+    try:
+        handles = make()
+        basics.engine().submit_many(_tls.batch)
+    except BaseException:
+        for h in handles:
+            _handle_map.pop(h, None)
+        raise
+    finally:
+        _tls.batch = None
+    return _grouped(handles)
+
+
+def _grouped(handles: list[int]) -> int:
+    pendings = [_handle_map.pop(h) for h in handles]
+
+    def finish(results: list[Any]) -> Any:
+        out, i = [], 0
+        for p in pendings:
+            k = len(p.handles)
+            out.append(p.finish(results[i : i + k]))
+            i += k
+        return tuple(out)  # Horovod's synchronize() of a grouped handle returns a tuple
+
+    return _register(_Pending([h for p in pendings for h in p.handles], finish))
+
+
+def _group_names(prefix: str, name: str | None, n: int, process_set: ProcessSet | None) -> list[str | None]:
+    """`<name>.<i>` per member; unnamed groups get `grouped.noname.<k>.<i>`."""
+    if name is None:
+        base = _name(f"grouped_{prefix}", None, process_set).removeprefix(f"grouped_{prefix}.")
+        return [f"grouped.{base}.{i}" for i in range(n)]
+    return [f"{name}.{i}" for i in range(n)]
