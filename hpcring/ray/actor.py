@@ -1,0 +1,163 @@
+"""The Ray actor behind each worker: it holds the resources Ray placed, runs one MPI worker process and
+relays the driver's calls to it (`hpcring.ray.worker`).
+
+The worker is started as its own one-process MPICH job (`mpiexec -n 1`), the form a process needs to
+connect to the others (`hpcring.launch.rendezvous`). It inherits the actor's environment, so the GPUs Ray
+gave the actor (CUDA_VISIBLE_DEVICES) are the worker's. `HPCRING_RAY_MPIEXEC` names the MPICH `mpiexec` to
+use (default: the one next to this Python, else PATH). Nothing here imports ray or MPI, so the class is
+plain and `ray.remote` wraps it in the driver.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+from typing import Any
+
+from hpcring.errors import ConfigError
+from hpcring.ray import channel
+from hpcring.ray._ray import ray_module
+from hpcring.ray.worker import ACTOR_PID_VARIABLE, CHANNEL_VARIABLE
+
+MPIEXEC_VARIABLE = "HPCRING_RAY_MPIEXEC"
+
+
+class WorkerFailed(RuntimeError):
+    """The worker process failed to start or to form the world; the message carries its traceback."""
+
+
+def _die_with_parent() -> None:
+    """In mpiexec before exec: SIGKILL when the actor dies, even by SIGKILL (Linux prctl)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+
+
+def mpich_mpiexec() -> str:
+    """The MPICH `mpiexec` the workers are started with; ConfigError naming what was found otherwise."""
+    from hpcring.launch import flavour
+
+    install = flavour.detect_install(os.environ.get(MPIEXEC_VARIABLE) or None)
+    if install.flavour != "mpich":
+        raise ConfigError(
+            f"hpcring.ray needs MPICH's mpiexec to start its workers, found {install.version} at "
+            f"{install.mpiexec}: install 'hpcring[mpich]' in the Ray workers' environment or set "
+            f"{MPIEXEC_VARIABLE} to MPICH's mpiexec (docs/ray.md says why Open MPI cannot)"
+        )
+    return install.mpiexec
+
+
+class WorkerActor:
+    """One rank's resources and the process that runs its share of the training."""
+
+    def __init__(self) -> None:
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._sock: socket.socket | None = None
+        self._info: dict[str, Any] = {}
+
+    # ------------------------------------------------------------------ what Horovod's workers answer
+    def node_id(self) -> str:
+        """Ray's id of the node this actor runs on."""
+        ray = ray_module()
+
+        return str(ray.get_runtime_context().get_node_id())
+
+    def hostname(self) -> str:
+        return socket.gethostname()
+
+    def pid(self) -> int:
+        """The actor's own process (tests kill it to simulate a lost worker)."""
+        return os.getpid()
+
+    def get_gpu_ids(self) -> list[int]:
+        """CUDA devices Ray assigned to this actor."""
+        ray = ray_module()
+
+        return [int(i) for i in ray.get_gpu_ids()]
+
+    def update_env_vars(self, env_vars: dict[str, Any]) -> None:
+        """Set variables in the actor, inherited by the worker started after."""
+        os.environ.update({str(k): str(v) for k, v in env_vars.items()})
+
+    def env_vars(self) -> dict[str, str]:
+        return dict(os.environ)
+
+    # ------------------------------------------------------------------ the worker process
+    def start_worker(self, spec: dict[str, Any], connect_timeout: float) -> None:
+        """Start the worker process and hand it `spec` (rank, size, store, executable); returns at once.
+        `spec["env"]` (the executor's extra_env_vars) is set in the actor first, so the worker inherits it."""
+        self.stop_worker(0.0)
+        self.update_env_vars(spec.get("env", {}))
+        listener = socket.create_server(("127.0.0.1", 0))
+        listener.settimeout(connect_timeout)
+        env = {
+            **os.environ,
+            CHANNEL_VARIABLE: f"127.0.0.1:{listener.getsockname()[1]}",
+            ACTOR_PID_VARIABLE: str(os.getpid()),
+        }
+        cmd = [mpich_mpiexec(), "-n", "1", sys.executable, "-m", "hpcring.ray.worker"]
+        self._proc = subprocess.Popen(cmd, env=env, preexec_fn=_die_with_parent)
+        try:
+            self._sock, _ = listener.accept()
+            self._info = {"pid": self._recv()[1]}
+        except TimeoutError:
+            self.stop_worker(0.0)
+            raise WorkerFailed(f"the worker process did not connect within {connect_timeout:g} s") from None
+        finally:
+            listener.close()
+        channel.send(self._sock, spec)
+
+    def ready(self) -> dict[str, Any]:
+        """Wait until the worker has joined the world: its pid and host, or WorkerFailed (its traceback)."""
+        reply = self._recv()
+        if reply[0] != "ready":
+            raise WorkerFailed(f"worker failed to join the world:\n{reply[1]}")
+        self._info = reply[1]
+        return self._info
+
+    def execute(self, fn: Any) -> Any:
+        """Run `fn(executable)` in the worker; its exception is raised here with the worker's traceback."""
+        if self._sock is None:
+            raise WorkerFailed("no worker is running on this actor: call start() first")
+        channel.send(self._sock, ("call", fn))
+        reply = self._recv()
+        if reply[0] == "ok":
+            return reply[1]
+        exc = reply[2]
+        if isinstance(exc, BaseException):
+            exc.add_note(f"in the worker:\n{reply[1]}")
+            raise exc
+        raise WorkerFailed(f"the function failed in the worker:\n{reply[1]}")
+
+    def _recv(self) -> Any:
+        if self._sock is None:
+            raise WorkerFailed("no worker is running on this actor")
+        try:
+            return channel.recv(self._sock)
+        except (EOFError, OSError):
+            code = self._proc.poll() if self._proc is not None else None
+            raise WorkerFailed(f"the worker process ended (exit code {code})") from None
+
+    def stop_worker(self, grace: float) -> None:
+        """Ask the worker to leave, then kill what is left after `grace` seconds; idempotent."""
+        if self._sock is not None:
+            with contextlib.suppress(OSError):
+                channel.send(self._sock, ("stop",))
+            self._sock.close()
+            self._sock = None
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=grace)
+        pid = self._info.get("pid")
+        if isinstance(pid, int) and proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()

@@ -1,0 +1,80 @@
+"""Functions the Ray tests run on the workers (importable by name there: the cluster's PYTHONPATH has this
+folder). Results are computed from rank and size; the tests compare them with single-process runs."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+import hpcring.torch as hvd
+
+FEATURES, OUTPUTS = 6, 2
+
+
+def data(total: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The combined batch every run draws from (the same on every worker)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(total, FEATURES, generator=g)
+    return x, x @ torch.randn(FEATURES, OUTPUTS, generator=g) + 0.1 * torch.randn(total, OUTPUTS, generator=g)
+
+
+def model(seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(FEATURES, 4), torch.nn.Tanh(), torch.nn.Linear(4, OUTPUTS))
+
+
+def train(steps: int, per_rank: int, seed: int, distributed: bool = True) -> dict[str, Any]:
+    """`steps` SGD steps on this rank's slice of the combined batch (all of it when not distributed)."""
+    torch.set_num_threads(1)
+    rank, size = (0, 1)
+    if distributed:
+        hvd.init()
+        rank, size = hvd.rank(), hvd.size()
+    net = model(seed)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    if distributed:
+        opt = hvd.DistributedOptimizer(opt, named_parameters=net.named_parameters())
+        hvd.broadcast_parameters(net.state_dict(), root_rank=0)
+    x, y = data(per_rank * size, seed)
+    mine = slice(rank * per_rank, (rank + 1) * per_rank) if distributed else slice(None)
+    for _ in range(steps):
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(net(x[mine]), y[mine]).backward()
+        opt.step()
+    return {
+        "rank": rank,
+        "size": size,
+        "local_rank": hvd.local_rank() if distributed else 0,
+        "env_rank": os.environ.get("HPCRING_RANK"),
+        "weights": [p.detach().clone() for p in net.parameters()],
+    }
+
+
+def rank_sum(offset: float) -> tuple[int, int, float]:
+    """(rank, size, sum over ranks of rank + offset) through an allreduce."""
+    hvd.init()
+    t = torch.tensor([hvd.rank() + offset], dtype=torch.float64)
+    return hvd.rank(), hvd.size(), float(hvd.allreduce(t, op=hvd.Sum).item())
+
+
+class Counter:
+    """An executable class: built once per worker by start(executable_cls=...)."""
+
+    def __init__(self, start: int) -> None:
+        hvd.init()
+        self.value = start + hvd.rank()
+
+    def bump(self, by: int) -> int:
+        self.value += by
+        return self.value
+
+
+def fail_on(rank: int) -> int:
+    """Raises ValueError on `rank` while the others wait in a collective (they must not hang)."""
+    hvd.init()
+    if hvd.rank() == rank:
+        raise ValueError(f"rank {rank} fails on purpose")
+    hvd.allreduce(torch.ones(1), name="never-completes")
+    return hvd.rank()
