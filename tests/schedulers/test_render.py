@@ -291,7 +291,8 @@ def test_templates_ship_in_the_wheel(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr
     (wheel,) = tmp_path.glob("hpcring-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    for needed in ("slurm/job.sh.j2", "slurm/body.sh.j2", "lsf/job.sh.j2", "singularity/check.sh.j2"):
+    templates = ("slurm/job.sh.j2", "slurm/body.sh.j2", "lsf/job.sh.j2", "pbs/job.sh.j2", "flux/job.sh.j2")
+    for needed in (*templates, "singularity/check.sh.j2"):
         assert f"hpcring/schedulers/templates/{needed}" in names
     assert "hpcring/schedulers/schema/profile.v1.schema.json" in names
     assert "hpcring/schedulers/profiles/frontier.yaml" in names
