@@ -1,8 +1,8 @@
 """The package's metadata states ranges; exact builds belong to the project's own set-up (constraints.txt).
 
-A user on a GPU cluster installs `hpcring[torch]` next to the site's CUDA build of torch: an exact pin in the
-metadata would make pip replace that build or fail to resolve. These checks build the metadata the way pip does
-(setuptools' PEP 517 hook) from this checkout, so a stale editable install cannot hide a pin.
+A user on a GPU cluster installs `hpcring[torch]` next to the site's CUDA build of torch: an exact pin in
+the metadata would make pip replace that build or fail to resolve. These checks build the metadata the way pip
+does (setuptools' PEP 517 hook) from this checkout, so a stale editable install cannot hide a pin.
 """
 
 from __future__ import annotations
