@@ -208,7 +208,9 @@ class PbsOptions:
     mpiexec: str | None = None  # "pals" (Cray) or "hydra" (MPICH); None: pals with cray-mpich, else hydra
     place: str = "scatter"  # -l place=...: one chunk per node
     filesystems: tuple[str, ...] = ()  # -l filesystems=a:b (ALCF requires it)
-    ncpus: int | None = None  # ncpus of a chunk; None: every hardware thread of the node
+    ncpus: int | Literal[False] | None = (
+        None  # ncpus of a chunk; None: every hardware thread; False: left out
+    )
     ngpus: bool = True  # ask for the node's (physical) GPUs in the chunk
     select: tuple[tuple[str, str], ...] = ()  # extra chunk resources, e.g. system=polaris
     keep: str | None = None  # -k (e.g. "doe": write output straight to its final place)

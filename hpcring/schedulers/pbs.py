@@ -35,10 +35,13 @@ def walltime(seconds: int) -> str:
 
 
 def select(rm: RankMap) -> str:
-    """The chunk request: one chunk per node with all its CPUs (and GPUs when ranks use them)."""
+    """The chunk request: one chunk per node with all its CPUs (and GPUs when ranks use them), unless the site
+    asks for whole nodes by its own resource only (`site.pbs.ncpus/ngpus: false`, `select: {system: ...}`)."""
     node, shape, opts = rm.profile.node, rm.shape, rm.profile.site.pbs
-    ncpus = opts.ncpus if opts.ncpus is not None else node.cores * node.threads_per_core
-    chunk = f"select={shape.nodes}:ncpus={ncpus}"
+    chunk = f"select={shape.nodes}"
+    if opts.ncpus is not False:
+        ncpus = opts.ncpus if opts.ncpus is not None else node.cores * node.threads_per_core
+        chunk += f":ncpus={ncpus}"
     if shape.gpus_per_rank and opts.ngpus:
         # PBS counts physical GPUs; the node lists each tile of a tiled GPU (Intel Max) as an entry.
         devices = {g.device if g.device is not None else g.index for g in node.gpus}

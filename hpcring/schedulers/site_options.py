@@ -32,7 +32,7 @@ def pbs(d: Mapping[str, Any], mpi: str, where: str) -> PbsOptions:
         mpiexec=flavour,
         place=d.get("place", "scatter"),
         filesystems=tuple(d.get("filesystems", [])),
-        ncpus=d.get("ncpus"),
+        ncpus=None if d.get("ncpus", True) is True else d["ncpus"],
         ngpus=d.get("ngpus", True),
         select=tuple((k, _scalar(v)) for k, v in (d.get("select") or {}).items()),
         keep=d.get("keep"),

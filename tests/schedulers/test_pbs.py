@@ -284,9 +284,10 @@ def test_exit_status_to_exit_code(status: int, code: int) -> None:
     assert jobs_pbs.exit_code(status) == code
 
 
-def test_tiles_select_gpu_tile_pairs() -> None:
+def test_tiles_select_gpu_tile_pairs(tmp_path: Path) -> None:
     """Where the RankMap gives GPU tiles (Aurora's Intel Max), each rank's wrapper entry is `gpu.tile` in
-    ZE_AFFINITY_MASK, and the chunk asks for the physical GPUs."""
+    ZE_AFFINITY_MASK, and a chunk that asks for GPUs asks for the physical ones (Aurora itself asks for
+    whole nodes by `system=aurora`, as ALCF documents)."""
     p = make_plan("aurora", nodes=1, account="a", command=("true",))
     rm = mapping.build(profile.load("aurora"), JobSpec(nodes=1, account="a", steps=(Step(("true",)),)))
     content = p.files[0].content
@@ -295,6 +296,8 @@ def test_tiles_select_gpu_tile_pairs() -> None:
         tiles = ",".join(f"{d}.{t}" for d, t in slot.tiles)
         assert f"  {slot.local_rank}) devices={tiles} ;;" in content
     devices = {g.device for g in profile.load("aurora").node.gpus}
+    path = derived_profile(tmp_path, "aurora", pbs={"filesystems": ["flare"]})
+    p = make_plan(path, nodes=1, account="a", command=("true",))
     assert ("-l", f"select=1:ncpus=208:ngpus={len(devices)}") in [(d.flag, d.value) for d in p.directives]
 
 
@@ -380,3 +383,24 @@ def test_ngpus_can_be_left_out(tmp_path: Path) -> None:
     path = derived_profile(tmp_path, "generic-pbs", pbs={"ngpus": False, "select": {"system": "polaris"}})
     p = make_plan(path, nodes=2, command=("true",))
     assert ("-l", "select=2:ncpus=64:system=polaris") in [(d.flag, d.value) for d in p.directives]
+
+
+@pytest.mark.parametrize(
+    ("ncpus", "chunk"),
+    [(False, "select=2:ngpus=4"), (True, "select=2:ncpus=64:ngpus=4"), (16, "select=2:ncpus=16:ngpus=4")],
+)
+def test_ncpus_can_be_left_out(ncpus: bool | int, chunk: str, tmp_path: Path) -> None:
+    """`site.pbs.ncpus: false` leaves `:ncpus=` out (ALCF asks for whole nodes by `system` alone); true is the
+    default (every hardware thread), a number is that many."""
+    path = derived_profile(tmp_path, "generic-pbs", pbs={"ncpus": ncpus})
+    p = make_plan(path, nodes=2, command=("true",))
+    assert ("-l", chunk) in [(d.flag, d.value) for d in p.directives]
+
+
+@pytest.mark.parametrize("ncpus", [0, "64", 1.5])
+def test_bad_ncpus_names_the_field(ncpus: object, tmp_path: Path) -> None:
+    path = derived_profile(tmp_path, "generic-pbs", pbs={"ncpus": ncpus})
+    res = cli("profiles", "validate", path)
+    assert res.returncode == 2
+    (line,) = res.stderr.strip().splitlines()
+    assert "site.pbs.ncpus" in line

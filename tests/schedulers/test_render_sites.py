@@ -94,3 +94,35 @@ def test_alps_has_no_container_runtime() -> None:
     """CSCS documents its own Container Engine, not Apptainer: an image is refused, naming the fix."""
     with pytest.raises(ConfigError, match=r"profile 'alps-gh200' has no container runtime"):
         make_plan("alps-gh200", nodes=1, account="g123", image="/capstor/img.sif", command=TRAIN)
+
+
+# ALCF's documented chunk, in its order (https://docs.alcf.anl.gov/running-jobs/ and its example job scripts;
+# https://docs.alcf.anl.gov/aurora/running-jobs-aurora/ "Recommended PBSPro options"): whole nodes by the
+# `system` resource, no ncpus/ngpus, place=scatter, walltime, the mandatory file systems, queue, project.
+ALCF_DIRECTIVES = {
+    "polaris": [
+        "-l select=2:system=polaris",
+        "-l place=scatter",
+        "-l walltime=01:00:00",
+        "-l filesystems=home:eagle",
+        "-q debug",
+        "-A MyProject",
+    ],
+    "aurora": [
+        "-l select=2:system=aurora",
+        "-l place=scatter",
+        "-l walltime=01:00:00",
+        "-l filesystems=home:flare",
+        "-q debug",
+        "-A MyProject",
+        "-k doe",
+    ],
+}
+
+
+@pytest.mark.parametrize("site", sorted(ALCF_DIRECTIVES))
+def test_alcf_job_directives_are_the_documented_ones(site: str) -> None:
+    lines = [ln[len("#PBS ") :] for ln in _render(f"{site}-pbs").splitlines() if ln.startswith("#PBS ")]
+    # -N (the job's name) and -j oe (one output file, the default without --error) are hpcring's own.
+    assert [ln for ln in lines if not ln.startswith(("-N ", "-j "))] == ALCF_DIRECTIVES[site]
+    assert not any("ncpus" in ln or "ngpus" in ln for ln in lines)
