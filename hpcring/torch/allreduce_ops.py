@@ -19,7 +19,7 @@ from hpcring.torch.op_handles import (
     handle_average_backwards_compatibility,
     synchronize,
 )
-from hpcring.torch.tensors import _check_dtype, _check_scale, _shares, _submit, _view
+from hpcring.torch.tensors import _check_dtype, _check_scale, _shares, _submit, _view, fresh_output
 
 _deps.torch()  # a missing torch becomes BackendUnavailable naming the install command
 import torch  # noqa: E402
@@ -75,7 +75,7 @@ def allreduce_async(
 ) -> int:
     """Start averaging/summing `tensor` over the ranks (the input is not modified); returns a handle."""
     op = handle_average_backwards_compatibility(op, average)
-    output = torch.empty_like(tensor, memory_format=torch.contiguous_format)
+    output = fresh_output(tensor)
     return _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor, process_set)
 
 

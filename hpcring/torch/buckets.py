@@ -8,10 +8,13 @@ one name), instead of one request per tensor.
 
 Layout: buckets follow the order in which gradients became ready in the first step (learned on the root of
 the process set and broadcast, so every rank forms the same buckets even when its own order differs),
-filled up to `bucket_cap_mb` (`HPCRING_BUCKET_CAP_MB`, DDP's 25 MiB default; like DDP the first bucket is
-capped at 1 MiB so that communication starts early in backward). Buckets of one dtype and device share one
-allocation in bucket order, so buckets the engine fuses in one cycle are adjacent in memory and are reduced
-where they lie (the engine's zero-copy path). With `groups`, each group is a bucket (split by dtype).
+filled up to `bucket_cap_mb` (`HPCRING_BUCKET_CAP_MB`, DDP's 25 MiB default). Unlike DDP there is no
+smaller first bucket: an early 1 MiB bucket buys overlap only where a core is idle during backward, and
+costs a negotiation per step; on the 2-core CI machine the 200-tensor MLP measured 0.85x DDP's step
+without it and 0.88-0.97x with it (benchmarks/bench_ddp.py, paired launches). Buckets of one dtype and
+device share one allocation in bucket order, so buckets the engine fuses in one cycle are adjacent in
+memory and are reduced where they lie (the engine's zero-copy path). With `groups`, each group is a bucket
+(split by dtype).
 """
 
 from __future__ import annotations
@@ -20,8 +23,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from hpcring import _deps
-
-FIRST_BUCKET_BYTES = 1 << 20  # torch.distributed's _DEFAULT_FIRST_BUCKET_BYTES
 
 # One parameter as the root describes it: (name, bytes, dtype, device).
 ParamInfo = tuple[str, int, str, str]
@@ -67,15 +68,13 @@ class Bucket:
 
 def plan(infos: Sequence[ParamInfo], cap_bytes: int) -> list[list[str]]:
     """Buckets of parameter names, in `infos` order (readiness order), one dtype and device per bucket, up to
-    `cap_bytes` each (the first closed bucket at most FIRST_BUCKET_BYTES). A parameter larger than the cap
-    gets a bucket of its own."""
+    `cap_bytes` each. A parameter larger than the cap gets a bucket of its own."""
     open_: dict[tuple[str, str], tuple[list[str], int]] = {}
     done: list[list[str]] = []
     for name, nbytes, dtype, device in infos:
         key = (dtype, device)
         names, used = open_.get(key, ([], 0))
-        cap = min(cap_bytes, FIRST_BUCKET_BYTES) if not done else cap_bytes
-        if names and used + nbytes > cap:
+        if names and used + nbytes > cap_bytes:
             done.append(names)
             names, used = [], 0
         names.append(name)

@@ -27,7 +27,15 @@ from hpcring.torch.op_handles import (
     _submit_group,
     synchronize,
 )
-from hpcring.torch.tensors import _check_dtype, _check_scale, _shares, _submit, _tensor_of, _view
+from hpcring.torch.tensors import (
+    _check_dtype,
+    _check_scale,
+    _shares,
+    _submit,
+    _tensor_of,
+    _view,
+    fresh_output,
+)
 
 _deps.torch()  # a missing torch becomes BackendUnavailable naming the install command
 import torch  # noqa: E402
@@ -152,7 +160,7 @@ def broadcast_async(
     tensor: Any, root_rank: int, name: str | None = None, process_set: ProcessSet = global_process_set
 ) -> int:
     """Start broadcasting root_rank's `tensor` (a world rank, as Horovod); the input is not modified."""
-    output = torch.empty_like(tensor, memory_format=torch.contiguous_format)
+    output = fresh_output(tensor)
     return _broadcast_async(tensor, output, root_rank, name, process_set)
 
 

@@ -33,6 +33,23 @@ def test_allreduce_average_is_default_and_divides_by_size(hvd: ModuleType) -> No
     assert ints.tolist() == [int(n * n / n)] * 2
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int32])
+def test_large_out_of_place_allreduce_leaves_its_input(hvd: ModuleType, dtype: torch.dtype) -> None:
+    """From 1 MiB an out-of-place allreduce copies its input into the new output and reduces there (and
+    from 4 MiB the output asks for huge pages): the input must stay as it was, scale factors apply once."""
+    n, r = hvd.size(), hvd.rank()
+    count = (5 << 20) // torch.tensor([], dtype=dtype).element_size() + 3  # odd: splits unevenly
+    x = torch.full((count,), r + 1).to(dtype)
+    y = hvd.allreduce(x, op=hvd.Sum, name=f"large.{dtype}", prescale_factor=2.0)
+    assert torch.equal(x, torch.full((count,), r + 1).to(dtype)), "input must not be modified"
+    assert torch.equal(y, torch.full((count,), n * (n + 1)).to(dtype))
+    if not dtype.is_floating_point:
+        return
+    z = hvd.allreduce(x.reshape(-1, 1)[: count // 2 * 2].reshape(2, -1), name=f"large.avg.{dtype}")
+    assert z.shape == (2, count // 2)
+    torch.testing.assert_close(z.float(), torch.full((2, count // 2), (n + 1) / 2), atol=1e-2, rtol=0)
+
+
 def test_allreduce_min_max_product(hvd: ModuleType) -> None:
     n, r = hvd.size(), hvd.rank()
     x = torch.tensor([r + 1.0, -(r + 1.0)])

@@ -1,0 +1,122 @@
+"""`hpcring.torch` ops against raw mpi4py `Allreduce` in the same launch: the issue-13 rows.
+
+    hpcring run -np 2 -- python benchmarks/bench_torch_ops.py --size 64M --repeats 9
+
+1. Many small tensors: 256 x 16 KiB float32, `allreduce_async_` on each then `synchronize` on each, against
+   256 raw `comm.Allreduce` calls on the same arrays (ratio raw / hpcring: > 1 means hpcring is faster).
+2. Out of place, `--size` bytes of float32. Per repetition, in alternating order: `hvd.allreduce(x)` (a
+   new output tensor every call, as a user gets), `hvd.allreduce_(x)` (in place), raw
+   `comm.Allreduce(x, out)` into a new numpy array every call (the allocation the out-of-place op pays)
+   and into one output allocated once. The headline is raw-into-new-output time over hpcring's
+   out-of-place time (> 1: hpcring faster), the median of the per-repetition ratios.
+
+Every time is the slowest rank's (a barrier before, an allreduce of the elapsed time after).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from mpi4py import MPI
+
+import hpcring.torch as hvd
+from hpcring.config import parse_bytes
+
+
+def _timed(comm: Any, fn: Callable[[], object]) -> float:
+    comm.Barrier()
+    t0 = time.perf_counter()
+    fn()
+    return float(comm.allreduce(time.perf_counter() - t0, op=MPI.MAX))
+
+
+def _many_small(comm: Any, repeats: int, count: int = 256, nbytes: int = 16 << 10) -> dict[str, Any]:
+    """Row 1: `count` in-place async allreduces of `nbytes` each, then their synchronizes, against the same
+    number of raw blocking Allreduce calls; median step times and the median per-repetition ratio."""
+    tensors = [torch.full((nbytes // 4,), float(hvd.rank())) for _ in range(count)]
+    arrays = [t.numpy() for t in tensors]
+
+    def ours() -> None:
+        handles = [hvd.allreduce_async_(t, op=hvd.Sum, name=f"many.{i}") for i, t in enumerate(tensors)]
+        for h in handles:
+            hvd.synchronize(h)
+
+    def raw() -> None:
+        for a in arrays:
+            comm.Allreduce(MPI.IN_PLACE, a, op=MPI.SUM)
+
+    ours()
+    raw()
+    t_ours, t_raw = [], []
+    for i in range(3 * repeats):
+        for name in ("ours", "raw") if i % 2 == 0 else ("raw", "ours"):
+            (t_ours if name == "ours" else t_raw).append(_timed(comm, ours if name == "ours" else raw))
+    return {
+        "many_small_median_ms": {
+            "hpcring_async": round(1e3 * statistics.median(t_ours), 2),
+            "raw_loop": round(1e3 * statistics.median(t_raw), 2),
+        },
+        "many_small_raw_over_hpcring": round(
+            statistics.median(r / h for r, h in zip(t_raw, t_ours, strict=True)), 3
+        ),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--size", default="64M", help="bytes of float32 per allreduce (64M, 1MiB, 4096, ...)")
+    p.add_argument("--repeats", type=int, default=9)
+    p.add_argument("--json", type=Path, default=None, help="rank 0 writes the result here")
+    args = p.parse_args(argv)
+    torch.set_num_threads(1)
+    hvd.init()
+    comm = MPI.COMM_WORLD
+    n = parse_bytes("--size", args.size) // 4
+    x = torch.full((n,), float(hvd.rank() + 1))
+    xa = x.numpy()
+    fixed = np.empty_like(xa)
+    cases: dict[str, Callable[[], object]] = {
+        "hpcring_out_of_place": lambda: hvd.allreduce(x, op=hvd.Sum, name="oop"),
+        "hpcring_in_place": lambda: hvd.allreduce_(x, op=hvd.Sum, name="ip"),
+        "raw_new_output": lambda: comm.Allreduce(xa, np.empty_like(xa), op=MPI.SUM),
+        "raw_fixed_output": lambda: comm.Allreduce(xa, fixed, op=MPI.SUM),
+    }
+    for fn in cases.values():  # warm-up: caches, communicators, the engine's response cache
+        fn()
+    times: dict[str, list[float]] = {k: [] for k in cases}
+    for i in range(args.repeats):
+        for name in list(cases) if i % 2 == 0 else reversed(list(cases)):
+            times[name].append(_timed(comm, cases[name]))
+    many = _many_small(comm, args.repeats)
+    ratios = [r / h for r, h in zip(times["raw_new_output"], times["hpcring_out_of_place"], strict=True)]
+    result = {
+        "size": hvd.size(),
+        "bytes": n * 4,
+        "median_ms": {k: round(1e3 * statistics.median(v), 2) for k, v in times.items()},
+        "raw_new_over_hpcring_out_of_place": round(statistics.median(ratios), 3),
+        "raw_fixed_over_hpcring_out_of_place": round(
+            statistics.median(
+                r / h for r, h in zip(times["raw_fixed_output"], times["hpcring_out_of_place"], strict=True)
+            ),
+            3,
+        ),
+        **many,
+    }
+    if hvd.rank() == 0:
+        print(json.dumps(result), flush=True)
+        if args.json:
+            args.json.write_text(json.dumps(result, indent=2) + "\n")
+    hvd.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
