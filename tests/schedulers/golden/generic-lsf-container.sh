@@ -20,6 +20,9 @@ export HPCRING_JOB_NAME=hpcring
 export HPCRING_PROFILE=generic-lsf
 
 HPCRING_RANKFILE="${TMPDIR:-/tmp}/hpcring-${LSB_JOBID:-$$}.rankfile"
+# The files below are this job's own: removed when the script ends, however it ends (bash runs the EXIT trap
+# on a normal end, a failing step under set -e, and a SIGTERM from the scheduler).
+trap 'rm -f -- "${HPCRING_RANKFILE}"' EXIT
 cat > "${HPCRING_RANKFILE}" <<'HPCRING_EOF'
 rank 0=+n0 slot=0-19
 rank 1=+n0 slot=20-39

@@ -26,6 +26,9 @@ export HPCRING_JOB_NAME=hpcring
 export HPCRING_PROFILE=generic-pbs
 
 HPCRING_AFFINITY="$PWD/.hpcring-${PBS_JOBID:-$$}.affinity"
+# The files below are this job's own: removed when the script ends, however it ends (bash runs the EXIT trap
+# on a normal end, a failing step under set -e, and a SIGTERM from the scheduler).
+trap 'rm -f -- "${HPCRING_AFFINITY}"' EXIT
 cat > "${HPCRING_AFFINITY}" <<'HPCRING_EOF'
 #!/bin/bash
 # hpcring GPU selection for mpiexec ranks, profile generic-pbs: generated from the rank mapping.

@@ -29,6 +29,9 @@ export HPCRING_JOB_NAME=hpcring
 export HPCRING_PROFILE=summit
 
 HPCRING_ERF="${TMPDIR:-/tmp}/hpcring-${LSB_JOBID:-$$}.erf"
+# The files below are this job's own: removed when the script ends, however it ends (bash runs the EXIT trap
+# on a normal end, a failing step under set -e, and a SIGTERM from the scheduler).
+trap 'rm -f -- "${HPCRING_ERF}"' EXIT
 cat > "${HPCRING_ERF}" <<'HPCRING_EOF'
 cpu_index_using: physical
 rank: 0: { host: 1; cpu: {0-27} ; gpu: {0} }
