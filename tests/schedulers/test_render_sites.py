@@ -126,3 +126,11 @@ def test_alcf_job_directives_are_the_documented_ones(site: str) -> None:
     # -N (the job's name) and -j oe (one output file, the default without --error) are hpcring's own.
     assert [ln for ln in lines if not ln.startswith(("-N ", "-j "))] == ALCF_DIRECTIVES[site]
     assert not any("ncpus" in ln or "ngpus" in ln for ln in lines)
+
+
+@pytest.mark.parametrize("site", ["polaris", "aurora", "tuolumne", "el-capitan"])
+def test_sites_without_a_container_runtime_refuse_an_image(site: str) -> None:
+    """The container-on column of these sites: their profiles configure no runtime (site.container: null), so
+    an image is refused up front, naming the profile, instead of rendering a script that cannot run it."""
+    with pytest.raises(ConfigError, match=rf"profile '{site}' has no container runtime"):
+        make_plan(site, nodes=1, account="a", image="/img/train.sif", command=TRAIN)
