@@ -11,12 +11,16 @@ import os
 import shlex
 import sys
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from hpcring.cli import horovodrun
 from hpcring.config import ALGORITHMS, TIMELINE_DYNAMIC
 from hpcring.errors import ConfigError, choices
 from hpcring.launch.command import LaunchSpec, build
 from hpcring.launch.hosts import parse_host_list, parse_hostfile
+
+if TYPE_CHECKING:
+    from hpcring.launch.flavour import MpiInstall
 
 LOG_LEVELS = ("trace", "debug", "info", "warning", "error", "fatal")
 
@@ -249,14 +253,13 @@ def main(args: argparse.Namespace) -> int:
     return sup.run(on_start=show)
 
 
-def _run_elastic(args: argparse.Namespace, install: object, spec: LaunchSpec, elastic: object) -> int:
+def _run_elastic(args: argparse.Namespace, install: MpiInstall, spec: LaunchSpec, elastic: object) -> int:
     """Elastic mode: the driver runs worlds on the usable hosts until training finishes (docs/elastic.md)."""
-    from hpcring.launch.elastic.driver import ElasticDriver, ElasticSpec
-    from hpcring.launch.flavour import MpiInstall
-
-    assert isinstance(install, MpiInstall) and isinstance(elastic, ElasticSpec)
-    if args.dry_run:
-        raise ConfigError("--dry-run cannot show an elastic job: its worlds depend on the hosts at run time")
     from dataclasses import replace
 
+    from hpcring.launch.elastic.driver import ElasticDriver, ElasticSpec
+
+    assert isinstance(elastic, ElasticSpec)
+    if args.dry_run:
+        raise ConfigError("--dry-run cannot show an elastic job: its worlds depend on the hosts at run time")
     return ElasticDriver(install, replace(spec, hosts=()), elastic).run()
