@@ -132,3 +132,37 @@ def test_flags_reach_the_ranks_in_a_real_launch(tmp_path: Path) -> None:
     assert lines == {"0": want, "1": want}, res.stdout
     for rank in (0, 1):
         assert (outdir / f"rank.{rank}" / "stdout").read_text() == want + "\n"
+
+
+def test_the_other_spellings_and_switches(tmp_path: Path) -> None:
+    """Flags checked without a launch: what they turn into for the ranks and for each MPI flavour."""
+    from hpcring.cli import horovodrun
+    from hpcring.errors import ConfigError
+
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("localhost slots=2\n")
+    argv = ["--mpi", "-hostfile", str(hostfile), "--no-hierarchical-allreduce", "--log-without-timestamp"]
+    argv += [
+        "--log-hide-timestamp",
+        "--no-hierarchical-allgather",
+        "--network-interface",
+        "eth1",
+        "--",
+        "true",
+    ]
+    args = subcommand_parser("run").parse_args(argv)
+    assert args.mpi is None and args.hostfile == str(hostfile)
+    horovodrun.refuse(args)  # the accepted no-ops are not refusals
+    assert horovodrun.rank_settings(args) == {
+        "HPCRING_ALLREDUCE_ALGORITHM": "native",
+        "HOROVOD_HIERARCHICAL_ALLREDUCE": "0",
+    }
+    assert horovodrun.mpi_extras(args, "mpich") == (("-iface", "eth1"), {"FI_TCP_IFACE": "eth1"})
+    args.tcp = True
+    assert horovodrun.mpi_extras(args, "mpich")[1]["FI_PROVIDER"] == "tcp"
+    args.ssh_port = "2222"
+    with pytest.raises(ConfigError, match="hydra takes no ssh options"):
+        horovodrun.mpi_extras(args, "mpich")
+    args.ssh_port = "70000"
+    with pytest.raises(ConfigError, match="not a TCP port"):
+        horovodrun.mpi_extras(args, "openmpi")
