@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -25,6 +26,13 @@ from hpcring.ray._ray import ray_module
 from hpcring.ray.worker import ACTOR_PID_VARIABLE, CHANNEL_VARIABLE
 
 MPIEXEC_VARIABLE = "HPCRING_RAY_MPIEXEC"
+
+
+def remote_class() -> Any:
+    """`WorkerActor` as a Ray actor class. Threaded (max_concurrency): while `execute` waits for a worker
+    stuck in a collective with a dead peer, `stop_worker` and `pid` must still run, or ending the world
+    would wait behind the very call it ends."""
+    return ray_module().remote(max_concurrency=4)(WorkerActor)
 
 
 class WorkerFailed(RuntimeError):
@@ -86,6 +94,10 @@ class WorkerActor:
     def env_vars(self) -> dict[str, str]:
         return dict(os.environ)
 
+    def remove_tree(self, path: str) -> None:
+        """Remove a directory on this actor's node (the elastic commit store, once the run is over)."""
+        shutil.rmtree(path, ignore_errors=True)
+
     # ------------------------------------------------------------------ the worker process
     def start_worker(self, spec: dict[str, Any], connect_timeout: float) -> None:
         """Start the worker process and hand it `spec` (rank, size, store, executable); returns at once.
@@ -139,16 +151,24 @@ class WorkerActor:
         try:
             return channel.recv(self._sock)
         except (EOFError, OSError):
-            code = self._proc.poll() if self._proc is not None else None
+            if self._proc is None:
+                raise WorkerFailed("the worker was stopped: its world was ended") from None
+            code = None
+            if self._proc is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    code = self._proc.wait(timeout=5)
             raise WorkerFailed(f"the worker process ended (exit code {code})") from None
 
     def stop_worker(self, grace: float) -> None:
         """Ask the worker to leave, then kill what is left after `grace` seconds; idempotent."""
         if self._sock is not None:
+            sock, self._sock = self._sock, None
             with contextlib.suppress(OSError):
-                channel.send(self._sock, ("stop",))
-            self._sock.close()
-            self._sock = None
+                sock.settimeout(1.0)
+                channel.send(sock, ("stop",))
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)  # wakes a call blocked on it in another thread
+            sock.close()
         proc, self._proc = self._proc, None
         if proc is None:
             return

@@ -116,11 +116,11 @@ class RayExecutor:
             raise
 
     def _create_actors(self, ray: Any) -> list[Any]:
-        from hpcring.ray.actor import WorkerActor
+        from hpcring.ray.actor import remote_class
 
         strategies = ray_submodule("util.scheduling_strategies")
 
-        remote = ray.remote(WorkerActor)
+        remote = remote_class()
         res = self.shape.worker_resources()
         actors = [
             remote.options(

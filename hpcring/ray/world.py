@@ -99,23 +99,37 @@ class WorkerGroup:
         pending = list(refs)
         while pending:
             done, pending = ray.wait(pending, num_returns=1)
-            if self._failed(done[0]):
-                _, pending = ray.wait(pending, num_returns=len(pending), timeout=FAILURE_GRACE_S)
-                ended = bool(pending)
-                if ended:
-                    self.end_world()
-                self._gather(refs, skip=pending, ended=ended)
+            error = self._error(done[0])
+            if error is None:
+                continue
+            # A dead actor's peers are stuck in a collective with it: no point waiting for them.
+            grace = 0.0 if isinstance(error, ray.exceptions.RayActorError) else FAILURE_GRACE_S
+            _, pending = ray.wait(pending, num_returns=len(pending), timeout=grace)
+            if pending:
+                self.end_world(grace=0.2)
+                self._drain(pending)
+            self._gather(refs, skip=pending, ended=bool(pending))
         return list(ray.get(refs))
 
     @staticmethod
-    def _failed(ref: Any) -> bool:
+    def _drain(refs: list[Any]) -> None:
+        """Collect the calls of workers this group ended (their errors are expected; Ray would otherwise
+        log each one as unhandled)."""
         ray = ray_module()
+        for ref in refs:
+            try:
+                ray.get(ref, timeout=15)
+            except Exception:
+                continue
 
+    @staticmethod
+    def _error(ref: Any) -> BaseException | None:
+        ray = ray_module()
         try:
             ray.get(ref)
-        except Exception:
-            return True
-        return False
+        except Exception as exc:
+            return exc
+        return None
 
     def _gather(self, refs: list[Any], *, skip: list[Any], ended: bool) -> None:
         """CallFailed with the error of every finished rank that failed (refs in `skip` still run)."""

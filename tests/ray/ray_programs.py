@@ -78,3 +78,71 @@ def fail_on(rank: int) -> int:
         raise ValueError(f"rank {rank} fails on purpose")
     hvd.allreduce(torch.ones(1), name="never-completes")
     return hvd.rank()
+
+
+def step_data(step: int, size: int, per_rank: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The combined batch of one step of the elastic run: depends on the step and the world size."""
+    return data(per_rank * size, seed * 1000 + step)
+
+
+def elastic_train(
+    steps: int, per_rank: int, seed: int, commit_every: int, kill_rank: int, kill_step: int, out: str
+) -> dict[str, Any]:
+    """Horovod-style elastic training; in the first world, `kill_rank` SIGKILLs its own actor (the Ray
+    worker process holding it) right after step `kill_step`, writing the time to `out`/killed."""
+    import signal
+    import time
+
+    torch.set_num_threads(1)
+    hvd.init()
+    generation = int(os.environ.get("HPCRING_ELASTIC_GENERATION", "0"))
+    net = model(seed)
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(net.parameters(), lr=0.1), named_parameters=net.named_parameters()
+    )
+    state = hvd.elastic.TorchState(net, opt, step=0, sizes=[], first_step_at=0.0)
+
+    @hvd.elastic.run
+    def train(state: Any) -> dict[str, Any]:
+        while state.step < steps:
+            rank, size = hvd.rank(), hvd.size()
+            x, y = step_data(state.step, size, per_rank, seed)
+            mine = slice(rank * per_rank, (rank + 1) * per_rank)
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(net(x[mine]), y[mine]).backward()
+            opt.step()
+            state.step += 1
+            state.sizes = [*state.sizes, size]
+            if generation > 0 and not state.first_step_at:
+                state.first_step_at = time.time()  # the first step completed after the failure
+            if state.step % commit_every == 0:
+                state.commit()
+            if generation == 0 and rank == kill_rank and state.step == kill_step:
+                with open(os.path.join(out, "killed"), "w") as f:
+                    f.write(str(time.time()))
+                os.kill(int(os.environ["HPCRING_RAY_ACTOR_PID"]), signal.SIGKILL)
+                time.sleep(60)
+        return {
+            "rank": hvd.rank(),
+            "size": hvd.size(),
+            "generation": generation,
+            "sizes": list(state.sizes),
+            "first_step_at": state.first_step_at,
+            "weights": [p.detach().clone() for p in net.parameters()],
+        }
+
+    return train(state)
+
+
+def schedule_reference(sizes: list[int], per_rank: int, seed: int) -> list[torch.Tensor]:
+    """One process following the same schedule of world sizes on the combined batches: the weights an
+    elastic run must end with (averaged gradients of equal slices = the combined batch's gradient)."""
+    torch.set_num_threads(1)
+    net = model(seed)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    for step, size in enumerate(sizes):
+        x, y = step_data(step, size, per_rank, seed)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(net(x), y).backward()
+        opt.step()
+    return [p.detach().clone() for p in net.parameters()]

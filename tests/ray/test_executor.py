@@ -44,6 +44,14 @@ def test_two_workers_train_like_one_process_on_the_combined_batch(executor: Any)
     assert all(torch.equal(a, b) for a, b in zip(results[0]["weights"], results[1]["weights"], strict=True))
 
 
+@pytest.mark.parametrize("size", [1, 2, 4])
+def test_every_worker_gets_its_rank_at_each_world_size(executor: Any, size: int) -> None:
+    ex = executor(num_workers=size, cpus_per_worker=0.5)  # 4 workers fit the 3-CPU test cluster
+    ex.start()
+    expected_sum = sum(r + 0.25 for r in range(size))
+    assert ex.run(prog.rank_sum, args=[0.25]) == [(r, size, expected_sum) for r in range(size)]
+
+
 def test_execute_run_remote_and_execute_single_with_an_executable(executor: Any, ray_cluster: Any) -> None:
     ex = executor(num_workers=2)
     ex.start(executable_cls=prog.Counter, executable_args=[10])

@@ -1,0 +1,290 @@
+"""`ElasticRayExecutor`: Horovod's elastic Ray API (horovod/ray/elastic.py) on hpcring's restart-based
+elastic training (`hpcring.torch.elastic`, docs/elastic.md).
+
+MPI cannot shrink a running world, so a world that loses a worker is ended and a new one is formed from
+the live actors, plus new actors where Ray has room, between `min_num_proc` and `max_num_proc`. Each world's
+workers are fresh processes; `@hvd.elastic.run` in the training function restores the newest commit from
+the node-local commit store (HPCRING_ELASTIC_DIR, the same path on every node) and calls the reset
+callbacks, exactly as under `hpcring run --min-np`. What ends a world and starts the next:
+
+* an actor died (its process was killed, its node was lost): its slot is not used again by this job
+  (Horovod blacklists the failed host; here the unit Ray hands out is the slot);
+* a worker process ended by itself, e.g. with `RESET_EXIT_CODE` after `HostsUpdatedInterrupt` or a failed
+  collective under `@hvd.elastic.run`.
+
+An exception raised by the training function while its process and actor live is the function's own
+result: it is raised to the caller, as a non-elastic run would. `reset_limit` bounds the number of worlds
+re-formed; fewer than `min_num_proc` slots for longer than `elastic_timeout` ends the run with an error.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+import uuid
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from hpcring.errors import ConfigError, LaunchError
+from hpcring.launch.elastic import contract
+from hpcring.ray import placement
+from hpcring.ray._ray import ray_module
+from hpcring.ray.actor import WorkerFailed, remote_class
+from hpcring.ray.executor import call_with
+from hpcring.ray.settings import MiniSettings
+from hpcring.ray.world import CallFailed, WorkerGroup, wait_until
+
+# How long a new actor may take to be scheduled before the slot counts as not available.
+_ACTOR_START_S = 30.0
+
+
+@dataclass
+class ElasticSettings(MiniSettings):
+    """Horovod's ElasticSettings fields that the Ray executor reads."""
+
+    min_num_proc: int = 1
+    max_num_proc: int | None = None
+    reset_limit: int | None = None
+    elastic_timeout: float = 600
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not isinstance(self.min_num_proc, int) or self.min_num_proc < 1:
+            raise ConfigError(f"min_num_proc must be a positive integer, got {self.min_num_proc!r}")
+        if self.max_num_proc is not None and (
+            not isinstance(self.max_num_proc, int) or self.max_num_proc < self.min_num_proc
+        ):
+            raise ConfigError(
+                f"max_num_proc must be an integer >= min_num_proc ({self.min_num_proc}), "
+                f"got {self.max_num_proc!r}"
+            )
+        if self.reset_limit is not None and (not isinstance(self.reset_limit, int) or self.reset_limit < 0):
+            raise ConfigError(f"reset_limit must be an integer >= 0 or None, got {self.reset_limit!r}")
+        if self.elastic_timeout <= 0:
+            raise ConfigError(
+                f"elastic_timeout must be a positive number of seconds, got {self.elastic_timeout!r}"
+            )
+
+    @property
+    def num_proc(self) -> int:
+        return self.min_num_proc
+
+
+def _reset_cause(failure: CallFailed) -> str | None:
+    """Why the world must re-form ('rank r: ...'), or None when the function itself raised."""
+    ray = ray_module()
+    for rank, exc in sorted(failure.errors.items()):
+        if isinstance(exc, ray.exceptions.RayActorError):
+            return f"the actor of rank {rank} died"
+        if isinstance(exc, WorkerFailed | LaunchError):
+            return f"rank {rank}: {exc}"
+    return None
+
+
+class ElasticRayExecutor:
+    """Runs an elastic training function on Ray actors, re-forming the world when workers are lost."""
+
+    @staticmethod
+    def create_settings(
+        min_num_proc: int = 1,
+        max_num_proc: int | None = None,
+        reset_limit: int | None = None,
+        elastic_timeout: float = 600,
+        timeout_s: float = 30,
+        ssh_identity_file: str | None = None,
+        nics: set[str] | None = None,
+        min_np: int | None = None,
+        max_np: int | None = None,
+        **kwargs: Any,
+    ) -> ElasticSettings:
+        """Horovod's `ElasticRayExecutor.create_settings` (min_np/max_np are its deprecated spellings)."""
+        if min_np is not None:
+            warnings.warn("min_np is deprecated, use min_num_proc instead", DeprecationWarning, stacklevel=2)
+            min_num_proc = min_np
+        if max_np is not None:
+            warnings.warn("max_np is deprecated, use max_num_proc instead", DeprecationWarning, stacklevel=2)
+            max_num_proc = max_np
+        return ElasticSettings(
+            timeout_s=timeout_s,
+            ssh_identity_file=ssh_identity_file,
+            nics=nics,
+            min_num_proc=min_num_proc,
+            max_num_proc=max_num_proc,
+            reset_limit=reset_limit,
+            elastic_timeout=elastic_timeout,
+            verbose=int(kwargs.pop("verbose", 0) or 0),
+            extra=kwargs,
+        )
+
+    def __init__(
+        self,
+        settings: ElasticSettings,
+        use_gpu: bool = False,
+        cpus_per_slot: float = 1,
+        gpus_per_slot: float | None = None,
+        env_vars: dict[str, Any] | None = None,
+        override_discovery: bool = True,
+    ) -> None:
+        del override_discovery  # Ray's own resources are the discovery here
+        if not isinstance(settings, ElasticSettings):
+            raise ConfigError("settings must come from ElasticRayExecutor.create_settings(...)")
+        self.settings = settings
+        self.shape = placement.make_shape(
+            num_workers=1,
+            num_hosts=None,
+            num_workers_per_host=1,
+            cpus_per_worker=cpus_per_slot,
+            use_gpu=use_gpu,
+            gpus_per_worker=gpus_per_slot,
+        )
+        self.env_vars = {str(k): str(v) for k, v in (env_vars or {}).items()}
+        self.resets = 0
+        self.sizes: list[int] = []  # the size of every world formed, in order
+        self._lost = 0  # slots whose actor died: not used again by this job
+        self._group: WorkerGroup | None = None
+        self._commit_dir = ""
+
+    def start(self) -> None:
+        """Start the rendezvous store and wait (up to elastic_timeout) for min_num_proc slots."""
+        ray = ray_module()
+        if self._group is not None:
+            raise ConfigError("this ElasticRayExecutor is already started")
+        self._group = WorkerGroup(ray.util.get_node_ip_address())
+        self._commit_dir = self.env_vars.get(contract.DIRECTORY) or os.path.join(
+            "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir(),
+            f"hpcring-ray-{uuid.uuid4().hex}",
+        )
+        self._fill()
+
+    # ------------------------------------------------------------------ slots and actors
+    def _free_slots(self) -> int:
+        free = ray_module().available_resources()
+        slots = [math.floor(free.get(k, 0.0) / v) for k, v in self.shape.worker_resources().items() if v > 0]
+        return max(0, min(slots, default=0) - self._lost)
+
+    def _fill(self) -> None:
+        """Add actors up to max_num_proc where Ray has free slots; wait for min_num_proc if short."""
+        group = self._started()
+        limit = self.settings.max_num_proc or 1 << 30
+        need = self.settings.min_num_proc
+
+        def enough() -> bool:
+            self._add(min(limit - group.size, self._free_slots()))
+            return group.size >= need
+
+        if not wait_until(enough, self.settings.elastic_timeout, step=1.0):
+            raise LaunchError(
+                f"only {group.size} workers available, fewer than min_num_proc={need}, for longer than "
+                f"elastic_timeout={self.settings.elastic_timeout:g} s ({self._lost} slots lost to failures)"
+            )
+
+    def _add(self, count: int) -> None:
+        if count <= 0:
+            return
+        ray = ray_module()
+        group = self._started()
+        res = self.shape.worker_resources()
+        remote = remote_class().options(num_cpus=res["CPU"], num_gpus=res.get("GPU", 0))
+        new = [remote.remote() for _ in range(count)]
+        refs = [a.node_id.remote() for a in new]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=_ACTOR_START_S)
+        for actor, ref in zip(new, refs, strict=True):
+            if ref in ready:
+                group.actors.append(actor)
+            else:
+                ray.kill(actor)
+        nodes = ray.get([a.node_id.remote() for a in group.actors])
+        group.actors = [group.actors[i] for i in placement.node_order(nodes)]
+
+    def _drop_dead(self) -> None:
+        """Forget actors that no longer answer; each one's slot is lost for this job."""
+        ray = ray_module()
+        group = self._started()
+        refs = [a.pid.remote() for a in group.actors]
+        alive = []
+        for actor, ref in zip(group.actors, refs, strict=True):
+            try:
+                ray.get(ref, timeout=_ACTOR_START_S)
+                alive.append(actor)
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                self._lost += 1
+                ray.kill(actor)
+        group.actors = alive
+
+    def _started(self) -> WorkerGroup:
+        if self._group is None:
+            raise ConfigError("the ElasticRayExecutor is not started: call start() first")
+        return self._group
+
+    # ------------------------------------------------------------------ running
+    def _env(self, generation: int) -> dict[str, str]:
+        return {
+            **self.env_vars,
+            contract.ELASTIC: "1",
+            "HOROVOD_ELASTIC": "1",
+            contract.DIRECTORY: self._commit_dir,
+            contract.GENERATION: str(generation),
+        }
+
+    def run(
+        self, worker_fn: Callable[[], Any], callbacks: Sequence[Callable[[Any], Any]] | None = None
+    ) -> list[Any]:
+        """Run `worker_fn()` on every worker until one world completes it; its results in rank order.
+
+        `callbacks` get rank 0's result. Raises the function's own exception when it raised one, and
+        RuntimeError past reset_limit."""
+        group = self._started()
+        generation = 0
+        try:
+            while True:
+                self.sizes.append(group.size)
+                try:
+                    group.form((None, [], {}), self._env(generation), self.settings.timeout_s)
+                    results = group.call(call_with(worker_fn, None, None))
+                except CallFailed as failure:
+                    cause = _reset_cause(failure)
+                    if cause is None:
+                        raise
+                    self._reset(cause)
+                    generation += 1
+                    continue
+                except LaunchError as exc:
+                    self._reset(str(exc))
+                    generation += 1
+                    continue
+                for callback in callbacks or ():
+                    callback(results[0])
+                return results
+        finally:
+            self._cleanup()
+
+    def _reset(self, cause: str) -> None:
+        """End the world, drop dead actors, count the reset, refill slots."""
+        group = self._started()
+        group.end_world()
+        self.resets += 1
+        limit = self.settings.reset_limit
+        if limit is not None and self.resets > limit:
+            raise RuntimeError(f"elastic run stopped: reset limit {limit} reached (last cause: {cause})")
+        if self.settings.verbose:
+            print(f"hpcring.ray elastic: re-forming the world: {cause}", flush=True)
+        self._drop_dead()
+        self._fill()
+
+    def _cleanup(self) -> None:
+        """Remove the commit files on the nodes of live actors; kill the actors; stop the store."""
+        group, self._group = self._group, None
+        if group is None:
+            return
+        group.end_world()
+        ray = ray_module()
+        refs = [a.remove_tree.remote(self._commit_dir) for a in group.actors]
+        ray.wait(refs, num_returns=len(refs), timeout=10)
+        group.close()
+
+    def shutdown(self) -> None:
+        """Kill the actors and stop the store (run() does this when it returns; idempotent)."""
+        self._cleanup()
