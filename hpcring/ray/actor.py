@@ -18,6 +18,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 from typing import Any
 
 from hpcring.errors import ConfigError
@@ -66,6 +67,9 @@ class WorkerActor:
         self._proc: subprocess.Popen[bytes] | None = None
         self._sock: socket.socket | None = None
         self._info: dict[str, Any] = {}
+        self._want_standby = False
+        self._standby: tuple[subprocess.Popen[bytes], socket.socket, int] | None = None
+        self._standby_thread: threading.Thread | None = None
 
     # ------------------------------------------------------------------ what Horovod's workers answer
     def node_id(self) -> str:
@@ -101,9 +105,18 @@ class WorkerActor:
     # ------------------------------------------------------------------ the worker process
     def start_worker(self, spec: dict[str, Any], connect_timeout: float) -> None:
         """Start the worker process and hand it `spec` (rank, size, store, executable); returns at once.
-        `spec["env"]` (the executor's extra_env_vars) is set in the actor first, so the worker inherits it."""
+        `spec["env"]` (the executor's extra_env_vars) is set in the actor first, so the worker inherits it.
+        A standby process started after the previous world formed (`spec["standby"]`) is used if alive."""
         self.stop_worker(0.0)
         self.update_env_vars(spec.get("env", {}))
+        standby = self._take_standby()
+        proc, sock, pid = standby if standby is not None else self._spawn(connect_timeout)
+        self._proc, self._sock, self._info = proc, sock, {"pid": pid}
+        self._want_standby = bool(spec.get("standby"))
+        channel.send(sock, spec)
+
+    def _spawn(self, connect_timeout: float) -> tuple[subprocess.Popen[bytes], socket.socket, int]:
+        """A new worker process, connected and greeted: (mpiexec process, channel, worker pid)."""
         listener = socket.create_server(("127.0.0.1", 0))
         listener.settimeout(connect_timeout)
         env = {
@@ -112,16 +125,37 @@ class WorkerActor:
             ACTOR_PID_VARIABLE: str(os.getpid()),
         }
         cmd = [mpich_mpiexec(), "-n", "1", sys.executable, "-m", "hpcring.ray.worker"]
-        self._proc = subprocess.Popen(cmd, env=env, preexec_fn=_die_with_parent)
+        proc = subprocess.Popen(cmd, env=env, preexec_fn=_die_with_parent)
         try:
-            self._sock, _ = listener.accept()
-            self._info = {"pid": self._recv()[1]}
-        except TimeoutError:
-            self.stop_worker(0.0)
+            sock, _ = listener.accept()
+            hello = channel.recv(sock)
+        except (TimeoutError, EOFError, OSError):
+            proc.kill()
+            proc.wait()
             raise WorkerFailed(f"the worker process did not connect within {connect_timeout:g} s") from None
         finally:
             listener.close()
-        channel.send(self._sock, spec)
+        return proc, sock, int(hello[1])
+
+    def _start_standby(self) -> None:
+        """Start the next world's worker now (elastic runs), so its imports are done before it is needed."""
+
+        def spawn() -> None:
+            with contextlib.suppress(Exception):
+                self._standby = self._spawn(60.0)
+
+        self._standby_thread = threading.Thread(target=spawn, daemon=True)
+        self._standby_thread.start()
+
+    def _take_standby(self) -> tuple[subprocess.Popen[bytes], socket.socket, int] | None:
+        if self._standby_thread is not None:
+            self._standby_thread.join()
+            self._standby_thread = None
+        standby, self._standby = self._standby, None
+        if standby is not None and standby[0].poll() is not None:
+            standby[1].close()
+            return None
+        return standby
 
     def ready(self) -> dict[str, Any]:
         """Wait until the worker has joined the world: its pid and host, or WorkerFailed (its traceback)."""
@@ -129,6 +163,8 @@ class WorkerActor:
         if reply[0] != "ready":
             raise WorkerFailed(f"worker failed to join the world:\n{reply[1]}")
         self._info = reply[1]
+        if self._want_standby:
+            self._start_standby()
         return self._info
 
     def execute(self, fn: Any) -> Any:

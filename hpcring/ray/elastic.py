@@ -242,7 +242,7 @@ class ElasticRayExecutor:
             while True:
                 self.sizes.append(group.size)
                 try:
-                    group.form((None, [], {}), self._env(generation), self.settings.timeout_s)
+                    group.form((None, [], {}), self._env(generation), self.settings.timeout_s, standby=True)
                     results = group.call(call_with(worker_fn, None, None))
                 except CallFailed as failure:
                     cause = _reset_cause(failure)

@@ -12,6 +12,8 @@ every connected process, and a dead peer would make it wait forever. It also lea
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import os
 import socket
 import sys
@@ -24,6 +26,7 @@ from hpcring.ray import channel
 
 CHANNEL_VARIABLE = "HPCRING_RAY_CHANNEL"
 ACTOR_PID_VARIABLE = "HPCRING_RAY_ACTOR_PID"
+PRELOAD_VARIABLE = "HPCRING_RAY_PRELOAD"  # modules a worker imports while it waits (comma-separated)
 
 
 def _watch_actor(pid: int) -> None:
@@ -36,6 +39,14 @@ def _watch_actor(pid: int) -> None:
             os._exit(1)
         except PermissionError:
             pass
+
+
+def _preload() -> None:
+    """Import what training needs before the spec arrives: a standby worker (elastic runs) is started
+    while the previous world trains, so a re-formed world does not wait for torch's import (seconds)."""
+    for name in filter(None, os.environ.get(PRELOAD_VARIABLE, "mpi4py.MPI,hpcring.torch").split(",")):
+        with contextlib.suppress(ImportError):
+            importlib.import_module(name.strip())
 
 
 def _form(spec: dict[str, Any]) -> Any:
@@ -89,6 +100,7 @@ def main() -> None:
     code = 0
     try:
         channel.send(sock, ("hello", os.getpid()))
+        _preload()
         spec = channel.recv(sock)
         os.environ.update(spec.get("env", {}))
         try:

@@ -49,7 +49,11 @@ class WorkerGroup:
         return len(self.actors)
 
     def form(
-        self, executable: tuple[Any, Sequence[Any], dict[str, Any]], env: dict[str, str], timeout: float
+        self,
+        executable: tuple[Any, Sequence[Any], dict[str, Any]],
+        env: dict[str, str],
+        timeout: float,
+        standby: bool = False,
     ) -> None:
         """Start every actor's worker and wait until they form one world (LaunchError names late ranks)."""
         ray = ray_module()
@@ -67,6 +71,7 @@ class WorkerGroup:
                 "timeout": timeout,
                 "executable": executable,
                 "env": env,
+                "standby": standby,
             }
             for rank in range(self.size)
         ]
