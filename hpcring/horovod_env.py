@@ -68,24 +68,28 @@ VARIABLES: tuple[HorovodVariable, ...] = (
     ),
     _v("LOG_LEVEL", True, "trace, debug, info, warning, error or fatal for hpcring's log"),
     _v("LOG_HIDE_TIME", True, "hpcring's log lines carry no time stamp, so there is nothing to hide"),
-    *(
-        _v(
-            name,
-            False,
-            "autotuning is not implemented yet; set HOROVOD_FUSION_THRESHOLD and HOROVOD_CYCLE_TIME",
-        )
-        for name in (
-            "AUTOTUNE",
-            "AUTOTUNE_LOG",
-            "AUTOTUNE_WARMUP_SAMPLES",
-            "AUTOTUNE_STEPS_PER_SAMPLE",
-            "AUTOTUNE_BAYES_OPT_MAX_SAMPLES",
-        )
+    _v(
+        "AUTOTUNE",
+        True,
+        "tunes the fusion threshold and cycle time during the first optimizer steps from measured step "
+        "times (a coordinate search rather than Horovod's Bayesian optimisation; docs/torch.md, Autotuning)",
+    ),
+    _v(
+        "AUTOTUNE_LOG",
+        True,
+        "CSV file of every sample the autotuner scored and its choice, written by rank 0",
+    ),
+    _v("AUTOTUNE_WARMUP_SAMPLES", True, "samples run before scoring starts (default 3)"),
+    _v("AUTOTUNE_STEPS_PER_SAMPLE", True, "optimizer steps per sample (default 10)"),
+    _v(
+        "AUTOTUNE_BAYES_OPT_MAX_SAMPLES",
+        True,
+        "the most samples scored, warm-up not counted, before the best is kept (default 20)",
     ),
     _v(
         "AUTOTUNE_GAUSSIAN_PROCESS_NOISE",
         False,
-        "hpcring's autotuner is a coordinate search with repeated samples, not a Gaussian process; "
+        "hpcring's autotuner is a coordinate search with a confirming sample, not a Gaussian process; "
         "set HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE higher to average out noise",
     ),
     _v("ELASTIC", True, "DistributedOptimizer reduces even at one rank, as Horovod's does in elastic mode"),

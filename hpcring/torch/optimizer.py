@@ -28,6 +28,7 @@ from typing import Any, cast
 from hpcring import _deps
 from hpcring.collective.engine import ProcessSet, global_process_set
 from hpcring.errors import ConfigError
+from hpcring.torch import autotune
 from hpcring.torch import buckets as bucketing
 from hpcring.torch.compression import Compression, Compressor
 
@@ -126,7 +127,8 @@ class _DistributedOptimizer:
         if bucket_cap_mb < 0:
             raise ValueError(f"bucket_cap_mb must be >= 0 (0: one request per gradient), got {bucket_cap_mb}")
         self._bucket_cap = int(bucket_cap_mb * (1 << 20))
-        if self._reduces():
+        self._tuned = self._reduces()  # HOROVOD_AUTOTUNE times the steps of optimizers that reduce
+        if self._tuned:
             self._register_hooks()
 
     def _reduces(self) -> bool:
@@ -458,6 +460,8 @@ class _DistributedOptimizer:
 
     def step(self, closure: Any = None) -> Any:
         """Wait for the averaged gradients, then apply the wrapped optimizer's update."""
+        if self._tuned:
+            autotune.on_step(self.process_set)  # HOROVOD_AUTOTUNE: a no-op when off or once it is done
         if self._should_synchronize:
             if self._synchronized:
                 warnings.warn(

@@ -238,7 +238,12 @@ class Engine(Negotiation, Execution):
         for st in self._sets.values():
             st.plan_memo = None
         self.stats["tunes"] += 1
-        return self.settings.fusion_threshold, self.settings.cycle_time_ms
+        in_force = self.settings.fusion_threshold, self.settings.cycle_time_ms
+        timeline = self._timeline
+        if timeline is not None:  # the autotuner's switches are visible in the trace, on their own row
+            args = {"fusion_threshold": in_force[0], "cycle_time_ms": in_force[1]}
+            timeline.instant("engine.tune", "TUNE", args=args)
+        return in_force
 
     def start_timeline(self, path: str, mark_cycles: bool = False) -> None:
         """Start writing a Chrome trace.
