@@ -52,6 +52,8 @@ class ContainerPlan:
     modules: tuple[str, ...] = ()  # loaded before the steps, only because the job runs in a container
     required_vars: tuple[str, ...] = ()  # `${NAME}` the prefix expands: checked set before any launch
     model: str = "hybrid"  # "hybrid": the image's MPI; "bind": the host's MPI library replaces it
+    module_paths: tuple[str, ...] = ()  # `module use`d before any module is loaded
+    directives: tuple[str, ...] = ()  # batch directives only container jobs carry (the scheduler's syntax)
 
 
 def host_path_parts(value: str) -> list[tuple[bool, str]]:
@@ -91,15 +93,15 @@ def expand(value: str) -> Raw:
     )
 
 
-def referenced_vars(m: HostMpi) -> tuple[str, ...]:
-    """The `${NAME}`s the host MPI paths use, in first-use order."""
-    names = [
-        text
-        for value in (*m.binds, *m.libs, *m.lib_dirs, *m.preload)
-        for is_ref, text in host_path_parts(value)
-        if is_ref
-    ]
+def referenced_vars(values: Sequence[str]) -> tuple[str, ...]:
+    """The `${NAME}`s the host path expressions use, in first-use order."""
+    names = [text for value in values for is_ref, text in host_path_parts(value) if is_ref]
     return tuple(dict.fromkeys(names))
+
+
+def host_mpi_paths(m: HostMpi) -> tuple[str, ...]:
+    """Every path expression of the bind model, in the order the runtime's words use them."""
+    return (*m.binds, *m.libs, *m.lib_dirs, *m.preload)
 
 
 def _unique(values: Sequence[str], field: str) -> None:
@@ -170,6 +172,42 @@ def _env(d: Mapping[str, Any], field: str, has_host_mpi: bool) -> tuple[tuple[st
     return tuple(out)
 
 
+def _module_paths(c: Mapping[str, Any], field: str) -> tuple[str, ...]:
+    """`module use` directories: literal absolute paths (the shell gets them quoted, so `${NAME}` would not
+    expand)."""
+    values = _paths(c, "module_paths", field)
+    for i, v in enumerate(values):
+        if _REF.search(v):
+            raise ProfileError(
+                f"{field}.module_paths[{i}]: {v!r} holds a ${{NAME}} reference; module_paths are literal "
+                "absolute paths (modules loaded before them cannot set the variable)"
+            )
+    return values
+
+
+def _lib_dirs(c: Mapping[str, Any], field: str, env: Sequence[tuple[str, str]]) -> tuple[str, ...]:
+    values = _paths(c, "lib_dirs", field)
+    if values and c.get("host_mpi"):
+        raise ProfileError(
+            f"{field}.lib_dirs: not allowed with host_mpi, which sets LD_LIBRARY_PATH itself; use "
+            "host_mpi.lib_dirs"
+        )
+    if values and any(name == "LD_LIBRARY_PATH" for name, _ in env):
+        raise ProfileError(f"{field}.env.LD_LIBRARY_PATH: set by lib_dirs; give the directories there only")
+    return values
+
+
+def _directives(c: Mapping[str, Any], field: str) -> tuple[str, ...]:
+    values = tuple(c.get("directives", []))
+    for i, v in enumerate(values):
+        if not v.startswith("-") or any(ch in v for ch in "\n\r\0"):
+            raise ProfileError(
+                f"{field}.directives[{i}]: {v!r} is not one directive; expected a flag starting with '-' "
+                "(e.g. '-l singularity_fakeroot=true'), on one line"
+            )
+    return values
+
+
 def from_profile(c: Mapping[str, Any] | None, site_mpi: str, where: str) -> Container | None:
     """The Container of a schema-valid `site.container`, after the checks a schema cannot make."""
     if not c:
@@ -183,14 +221,28 @@ def from_profile(c: Mapping[str, Any] | None, site_mpi: str, where: str) -> Cont
                 "digits and _ . + @ % / -"
             )
     host_mpi = _host_mpi(c["host_mpi"], site_mpi, where) if c.get("host_mpi") else None
+    env = _env(c.get("env", {}), f"{field}.env", host_mpi is not None)
     return Container(
         runtime=c["runtime"],
         binds=tuple(c.get("binds", [])),
         extra_args=tuple(c.get("extra_args", [])),
         devices=devices,
-        env=_env(c.get("env", {}), f"{field}.env", host_mpi is not None),
+        env=env,
         host_mpi=host_mpi,
+        module_paths=_module_paths(c, field),
+        modules=tuple(c.get("modules", [])),
+        directives=_directives(c, field),
+        lib_dirs=_lib_dirs(c, field, env),
     )
+
+
+def library_path(dirs: Sequence[Raw]) -> Raw:
+    """The LD_LIBRARY_PATH word: `dirs`, the runtime's driver libraries, then the image's own entries.
+
+    `$LD_LIBRARY_PATH` reaches the runtime literally (single quotes): Apptainer evaluates it inside the
+    container, keeping the image's own entries after ours.
+    """
+    return Raw("LD_LIBRARY_PATH=" + ":".join([*dirs, RUNTIME_LIBS_DIR, "'$LD_LIBRARY_PATH'"]))
 
 
 def host_mpi_args(m: HostMpi) -> list[str]:
@@ -204,10 +256,7 @@ def host_mpi_args(m: HostMpi) -> list[str]:
     dirs = [expand(d) for d in m.lib_dirs]
     if m.libs:
         dirs.append(Raw(quote(HOST_LIBS_DIR)))
-    # `$LD_LIBRARY_PATH` reaches the runtime literally (single quotes): Apptainer evaluates it inside the
-    # container, keeping the image's own entries after the host's.
-    path = ":".join([*dirs, RUNTIME_LIBS_DIR, "'$LD_LIBRARY_PATH'"])
-    argv += ["--env", Raw("LD_LIBRARY_PATH=" + path)]
+    argv += ["--env", library_path(dirs)]
     argv += ["--env", f"MPI4PY_LIBMPI={m.soname}"]
     if m.preload:
         joined = ":".join(expand(p) for p in m.preload)
@@ -221,9 +270,12 @@ def plan(profile: Profile, image: str | None, binds: Sequence[str], uses_gpus: b
         return None
     c = profile.site.container
     if c is None:
+        reason = profile.site.no_container_reason
         raise ConfigError(
-            f"--image given, but profile {profile.name!r} has no container runtime; set "
-            f"site.container.runtime to {choices(RUNTIMES)}"
+            f"--image given, but profile {profile.name!r} has no container runtime"
+            + (f": {reason}" if reason else "")
+            + f"; to run images anyway, set site.container.runtime to {choices(RUNTIMES)} in a copy of "
+            "the profile"
         )
     argv: list[str] = [c.runtime, "exec"]
     gpu_flag = {"amd": "--rocm", "nvidia": "--nv"}.get(profile.node.gpu_vendor)  # intel: /dev/dri as is
@@ -233,13 +285,21 @@ def plan(profile: Profile, image: str | None, binds: Sequence[str], uses_gpus: b
         argv += ["--bind", b]
     if c.host_mpi is not None:
         argv += host_mpi_args(c.host_mpi)
+    if c.lib_dirs:
+        argv += ["--env", library_path([expand(d) for d in c.lib_dirs])]
     for b in binds:
         argv += ["--bind", b]
     for name, value in c.env:
         argv += ["--env", f"{name}={value}"]
     argv += [*c.extra_args, image]
-    if c.host_mpi is None:
-        return ContainerPlan(c.runtime, image, tuple(argv))
+    host_mpi = c.host_mpi
     return ContainerPlan(
-        c.runtime, image, tuple(argv), c.host_mpi.modules, referenced_vars(c.host_mpi), model="bind"
+        c.runtime,
+        image,
+        tuple(argv),
+        modules=(*c.modules, *(host_mpi.modules if host_mpi else ())),
+        required_vars=referenced_vars([*(host_mpi_paths(host_mpi) if host_mpi else ()), *c.lib_dirs]),
+        model="bind" if host_mpi else "hybrid",
+        module_paths=c.module_paths,
+        directives=c.directives,
     )

@@ -178,6 +178,13 @@ class Container:
     devices: tuple[str, ...] = ()  # e.g. /dev/infiniband: bound at the same path
     env: tuple[tuple[str, str], ...] = ()  # --env NAME=VALUE
     host_mpi: HostMpi | None = None
+    # What the site's documentation does before the runtime can start, only for container jobs: `module use`
+    # directories, modules that put the runtime on PATH, and batch directives (ALCF: `-l
+    # singularity_fakeroot=true`, without which its required --fakeroot fails).
+    module_paths: tuple[str, ...] = ()
+    modules: tuple[str, ...] = ()
+    directives: tuple[str, ...] = ()
+    lib_dirs: tuple[str, ...] = ()  # hybrid model: container paths put first on LD_LIBRARY_PATH
 
 
 @dataclass(frozen=True)
@@ -248,6 +255,8 @@ class Site:
     lsf: LsfOptions = field(default_factory=LsfOptions)
     pbs: PbsOptions = field(default_factory=PbsOptions)
     flux: FluxOptions = field(default_factory=FluxOptions)
+    # With no container: why (the site's documentation, cited), so that --image is refused with the reason.
+    no_container_reason: str | None = None
 
     def partition(self, name: str | None) -> Partition | None:
         """The named partition, else the default one, else the first; None when the site lists none."""

@@ -70,6 +70,7 @@ class Plan:
     container: ContainerPlan | None
     steps: tuple[StepPlan, ...]
     submit_argv: tuple[str, ...]
+    module_paths: tuple[str, ...] = ()  # `module use` before the loads (a container runtime's module tree)
 
     @property
     def inline_files(self) -> tuple[ExtraFile, ...]:
@@ -266,8 +267,12 @@ def build(
         digest=profile.digest,
         summary=summary,
         directive_prefix=sched.directive_prefix,
-        directives=tuple(sched.directives(rm, job, account)),
+        directives=(
+            *sched.directives(rm, job, account),
+            *(extra_directive(d) for d in (ctr.directives if ctr else ())),
+        ),
         modules=(*site.modules, *(ctr.modules if ctr else ()), *job.modules),
+        module_paths=ctr.module_paths if ctr else (),
         env=tuple(_env(rm, job, sched)),
         workdir=job.workdir,
         files=tuple(files),
@@ -275,6 +280,16 @@ def build(
         steps=tuple(steps),
         submit_argv=tuple(sched.submit_argv()),
     )
+
+
+def extra_directive(text: str) -> Directive:
+    """A container-only directive ("-l a=b" or "--flag=value"), checked to stay on its line."""
+    check_line_safe(text, "site.container.directives entry")
+    if text.startswith("--"):
+        flag, sep, value = text.partition("=")
+        return Directive(flag, value if sep else None)
+    flag, _, value = text.partition(" ")
+    return Directive(flag, value or None, " ")
 
 
 def shared_inline_path(job_var: str, suffix: str) -> Raw:

@@ -269,6 +269,8 @@ def _site(d: Mapping[str, Any], node: Node, where: str) -> Site:
     if sum(p.default for p in partitions) > 1:
         raise err("partitions", "at most one partition may be the default")
     container = containers.from_profile(d.get("container"), d.get("mpi", "openmpi"), where)
+    if container is not None and d.get("no_container_reason"):
+        raise err("no_container_reason", "given, but site.container configures a runtime; drop one of them")
     s, lsf = d.get("slurm", {}), d.get("lsf", {})
     for section in ("slurm", "lsf", "pbs", "flux"):
         if section in d and d[section] and sched != section:
@@ -289,6 +291,7 @@ def _site(d: Mapping[str, Any], node: Node, where: str) -> Site:
         require_even_ranks=d.get("require_even_ranks", True),
         binding=d.get("binding", True),
         container=container,
+        no_container_reason=d.get("no_container_reason"),
         slurm=SlurmOptions(
             core_spec=s.get("core_spec"),
             constraint=s.get("constraint"),

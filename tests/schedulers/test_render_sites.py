@@ -1,5 +1,6 @@
-"""Golden job scripts for the site profiles added with schema v2 (LUMI-G, LUMI-C, Alps GH200 on Slurm with and
-without a container; Polaris and Aurora on PBS; Tuolumne and El Capitan on Flux), each shellcheck-clean.
+"""Golden job scripts for the site profiles added with schema v2 (LUMI-G, LUMI-C, Alps GH200 on Slurm;
+Polaris and Aurora on PBS; Tuolumne and El Capitan on Flux), with and without a container where the site
+documents a runtime, each shellcheck-clean.
 
 Regenerate after an intended change with
 `HPCRING_UPDATE_GOLDEN=1 pytest tests/schedulers/test_render_sites.py`.
@@ -46,7 +47,27 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     ),
     "alps-gh200-slurm": ("alps-gh200", {"nodes": 2, "account": "g123", "command": TRAIN}),
     "polaris-pbs": ("polaris", {"nodes": 2, "account": "MyProject", "command": TRAIN}),
+    "polaris-container": (
+        "polaris",
+        {
+            "nodes": 2,
+            "account": "MyProject",
+            "image": "/eagle/MyProject/train.sif",
+            "binds": ("/eagle/MyProject",),
+            "command": TRAIN,
+        },
+    ),
     "aurora-pbs": ("aurora", {"nodes": 2, "account": "MyProject", "command": TRAIN}),
+    "aurora-container": (
+        "aurora",
+        {
+            "nodes": 2,
+            "account": "MyProject",
+            "image": "/flare/MyProject/train.sif",
+            "binds": ("/flare/MyProject",),
+            "command": TRAIN,
+        },
+    ),
     "tuolumne-flux": ("tuolumne", {"nodes": 2, "command": TRAIN}),
     "el-capitan-flux": ("el-capitan", {"nodes": 2, "command": TRAIN}),
 }
@@ -128,9 +149,68 @@ def test_alcf_job_directives_are_the_documented_ones(site: str) -> None:
     assert not any("ncpus" in ln or "ngpus" in ln for ln in lines)
 
 
-@pytest.mark.parametrize("site", ["polaris", "aurora", "tuolumne", "el-capitan"])
-def test_sites_without_a_container_runtime_refuse_an_image(site: str) -> None:
-    """The container-on column of these sites: their profiles configure no runtime (site.container: null), so
-    an image is refused up front, naming the profile, instead of rendering a script that cannot run it."""
-    with pytest.raises(ConfigError, match=rf"profile '{site}' has no container runtime"):
+@pytest.mark.parametrize("site", ["tuolumne", "el-capitan"])
+def test_llnl_sites_refuse_an_image_saying_why(site: str) -> None:
+    """The container-on column of the El Capitan systems: no runtime is configured (LLNL's container set-up
+    for them could not be cited), so an image is refused up front, naming the profile and the reason, instead
+    of rendering a script that cannot run it."""
+    with pytest.raises(ConfigError) as info:
         make_plan(site, nodes=1, account="a", image="/img/train.sif", command=TRAIN)
+    msg = str(info.value)
+    assert f"profile '{site}' has no container runtime: LLNL's documentation" in msg
+    assert "set site.container.runtime to" in msg
+
+
+def _lines(variant: str) -> list[str]:
+    return _render(variant).splitlines()
+
+
+def test_polaris_container_is_alcfs_documented_setup() -> None:
+    """ALCF's Polaris container page: `ml use /soft/modulefiles; ml spack-pe-base; ml apptainer`,
+    cray-mpich-abi, `apptainer exec --fakeroot -B /opt -B /var/run/palsd/` with Cray MPICH's and PALS's
+    libraries on the container's LD_LIBRARY_PATH, and the job asking for fakeroot
+    (-l singularity_fakeroot=true)."""
+    lines = _lines("polaris-container")
+    modules = [ln for ln in lines if ln.startswith("module ")]
+    assert modules == [
+        "module use /soft/modulefiles",
+        "module load spack-pe-base",
+        "module load apptainer",
+        "module load cray-mpich-abi",
+    ]
+    assert "#PBS -l singularity_fakeroot=true" in lines
+    (launch,) = [ln for ln in lines if ln.startswith("mpiexec ")]
+    runtime = launch[launch.index("apptainer exec") :]
+    assert runtime.startswith("apptainer exec --nv --bind /opt/cray --bind /var/run/palsd ")
+    assert (
+        '--env LD_LIBRARY_PATH="${CRAY_LD_LIBRARY_PATH}":"${LD_LIBRARY_PATH}":/opt/cray/pe/pals/1.2.12/lib:'
+        "/.singularity.d/libs:'$LD_LIBRARY_PATH' --env MPI4PY_LIBMPI=libmpi.so.12" in runtime
+    )
+    assert runtime.endswith("--fakeroot /eagle/MyProject/train.sif python train.py --epochs 3")
+    # The GPU wrapper runs on the host, so CUDA_VISIBLE_DEVICES reaches the container (Apptainer passes the
+    # host environment); the container goes after it.
+    assert launch.index('bash "$HPCRING_AFFINITY"') < launch.index("apptainer exec")
+
+
+def test_aurora_container_is_alcfs_documented_setup() -> None:
+    """ALCF's Aurora container page: `module load apptainer`, --fakeroot, and its MPI example's PMIx
+    library bound to /hostlib with the host's /usr/lib64 at /hostevent first on the library path."""
+    lines = _lines("aurora-container")
+    assert [ln for ln in lines if ln.startswith("module ")] == ["module load apptainer"]
+    assert "#PBS -l singularity_fakeroot=true" in lines
+    (launch,) = [ln for ln in lines if ln.startswith("mpiexec ")]
+    runtime = launch[launch.index("apptainer exec") :]
+    assert runtime == (
+        "apptainer exec --bind /usr/lib64/libpmix.so.2:/hostlib/libpmix.so.2 --bind /usr/lib64:/hostevent "
+        "--env LD_LIBRARY_PATH=/hostevent:/.singularity.d/libs:'$LD_LIBRARY_PATH' --bind /flare/MyProject "
+        "--env I_MPI_PMI_LIBRARY=/hostlib/libpmix.so.2 --fakeroot /flare/MyProject/train.sif "
+        "python train.py --epochs 3"
+    )
+
+
+@pytest.mark.parametrize("site", ["polaris", "aurora"])
+def test_container_only_settings_stay_out_of_host_jobs(site: str) -> None:
+    """Without --image the script is the host one: no fakeroot request, no runtime modules."""
+    text = _render(f"{site}-pbs")
+    assert "singularity_fakeroot" not in text
+    assert "apptainer" not in text and "module use" not in text
