@@ -147,6 +147,30 @@ def test_discovery_adds_a_host_and_the_new_worker_gets_the_state(tmp_path: Path)
     no_orphans(str(listing))
 
 
+def test_discovery_removes_a_host_and_the_world_shrinks_without_losing_work(tmp_path: Path) -> None:
+    """A host leaves the discovery output at step 3 (a scale-down, not a failure): the workers save their
+    current state at the next commit, nothing is blacklisted, and training goes on at size 2 from there."""
+    listing = tmp_path / "hosts.txt"
+    listing.write_text("127.0.0.1:1\n127.0.0.2:1\n127.0.0.3:1\n")
+    script = tmp_path / "discover.sh"
+    script.write_text(f"#!/bin/sh\ncat '{listing}'\n")
+    script.chmod(0o755)
+    res = launch(
+        ["--min-np", "2", "--host-discovery-script", str(script), "--reset-limit", "1"],
+        ["--grow-file", str(listing), "--grow-step", "3", "--drop-host", "127.0.0.3", "--step-sleep", "0.4"],
+    )
+    out, err = res.stdout, res.stderr
+    assert res.returncode == 0, err[-3000:]
+    assert "hosts changed (-127.0.0.3)" in err and "blacklisted" not in err
+    worlds = matches(WORLD, out)
+    assert sorted({(int(g), int(s)) for _, g, s, _, _, _ in worlds}) == [(0, 3), (1, 2)]
+    resumed = {int(w[3]) for w in worlds if w[1] == "1"}
+    assert len(resumed) == 1 and min(resumed) >= 4  # the step the workers saved at, not an older commit
+    ends = matches(END, out)
+    assert len(ends) == 2 and {e[2] for e in ends} == {"2"} and len({e[4] for e in ends}) == 1
+    no_orphans(str(listing))
+
+
 def test_failures_beyond_the_reset_limit_end_the_job(tmp_path: Path) -> None:
     """Rank 1 dies in every world; --reset-limit 1 allows one relaunch: the second failure ends the job
     with the failing rank's status and a line naming the limit, and leaves no process behind."""

@@ -27,6 +27,7 @@ parser.add_argument("--stop-after", type=int, default=-1, help="return after com
 parser.add_argument("--grow-file", default="", help="at --grow-step rank 0 appends --grow-host to this file")
 parser.add_argument("--grow-step", type=int, default=-1)
 parser.add_argument("--grow-host", default="")
+parser.add_argument("--drop-host", default="", help="... or removes this host's line from it")
 parser.add_argument("--step-sleep", type=float, default=0.0)
 parser.add_argument("--out", default="", help="rank 0 saves the final weights here")
 args = parser.parse_args()
@@ -82,8 +83,10 @@ def train(state: hvd.elastic.TorchState) -> str:
                 print(f"KILL rank={hvd.rank()} step={state.step} t={time.time():.3f}", flush=True)
                 os.kill(os.getpid(), signal.SIGKILL)
             if state.step == args.grow_step and hvd.rank() == 0 and generation == 0 and args.grow_file:
-                with open(args.grow_file, "a") as f:
-                    f.write(f"{args.grow_host}\n")
+                with open(args.grow_file) as f:
+                    lines = [line for line in f if not args.drop_host or not line.startswith(args.drop_host)]
+                with open(args.grow_file, "w") as f:
+                    f.write("".join(lines) + (f"{args.grow_host}\n" if args.grow_host else ""))
             if state.step % args.commit_every == 0:
                 state.commit()
             if state.step == args.stop_after:

@@ -178,12 +178,13 @@ class ObjectState(State):
 
     def sync(self) -> None:
         """Broadcast the whole state from `_sync_root` (rank 0 unless resuming from a commit elsewhere)."""
+        import torch
+
         import hpcring.torch as hvd
 
         root = self._sync_root
         if hvd.size() == 1 and self._pending is None:
             return
-        torch = __import__("torch")
         if self._rank() == root:
             payload = (
                 self._pending
