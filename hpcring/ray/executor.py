@@ -81,6 +81,7 @@ class RayExecutor:
         self.use_current_placement_group = use_current_placement_group
         self._group: WorkerGroup | None = None
         self._pg: Any = None
+        self._own_pg = True
 
     @property
     def num_workers(self) -> int:
@@ -104,7 +105,11 @@ class RayExecutor:
         if self._group is not None:
             raise ConfigError("this RayExecutor is already started: call shutdown() first")
         env = {str(k): str(v) for k, v in (extra_env_vars or {}).items()}
-        self._pg = placement.reserve(self.shape, self.settings.placement_group_timeout_s)
+        self._pg, self._own_pg = self._placement_group(ray), True
+        if self._pg is None:
+            self._pg = placement.reserve(self.shape, self.settings.placement_group_timeout_s)
+        else:
+            self._own_pg = False
         group = WorkerGroup(ray.util.get_node_ip_address())
         self._group = group
         try:
@@ -114,6 +119,20 @@ class RayExecutor:
         except BaseException:
             self.shutdown()
             raise
+
+    def _placement_group(self, ray: Any) -> Any:
+        """The placement group this code already runs in (a Ray Tune trial's), when Horovod's
+        `use_current_placement_group` asks for it and it has a bundle for every bundle we would reserve."""
+        current = ray.util.get_current_placement_group() if self.use_current_placement_group else None
+        if current is None:
+            return None
+        needed = len(self.shape.bundles())
+        if len(current.bundle_specs) < needed:
+            raise ConfigError(
+                f"the current placement group has {len(current.bundle_specs)} bundles, {needed} are needed "
+                "for this RayExecutor; pass use_current_placement_group=False to reserve a new one"
+            )
+        return current
 
     def _create_actors(self, ray: Any) -> list[Any]:
         from hpcring.ray.actor import remote_class
@@ -175,5 +194,5 @@ class RayExecutor:
         if group is not None:
             group.close()
         pg, self._pg = self._pg, None
-        if pg is not None:
+        if pg is not None and self._own_pg:
             placement.release(pg)

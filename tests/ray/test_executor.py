@@ -103,3 +103,33 @@ def test_bad_arguments_name_the_field(kwargs: dict[str, Any], message: str) -> N
 def test_bad_settings_name_the_field() -> None:
     with pytest.raises(ConfigError, match="timeout_s must be a positive number of seconds, got 0"):
         RayExecutor.create_settings(timeout_s=0)
+
+
+def _inside_placement_group() -> tuple[Any, list[Any]]:
+    import ray
+
+    # The group holds 2 of the cluster's 3 CPUs: a new group of 2 could not be placed (5 s, then an error).
+    ex = RayExecutor(RayExecutor.create_settings(timeout_s=60, placement_group_timeout_s=5), num_workers=2)
+    ex.start()
+    try:
+        current = ray.util.get_current_placement_group()
+        return current.id.hex(), ex.run(prog.rank_sum, args=[0.0])
+    finally:
+        ex.shutdown()
+
+
+def test_started_inside_a_placement_group_it_uses_that_group(ray_cluster: Any) -> None:
+    ray = ray_cluster
+    from ray.util.placement_group import placement_group, remove_placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    pg = placement_group([{"CPU": 1}, {"CPU": 1}])
+    ray.get(pg.ready(), timeout=60)
+    try:
+        strategy = PlacementGroupSchedulingStrategy(pg, placement_group_capture_child_tasks=True)
+        task = ray.remote(num_cpus=0)(_inside_placement_group).options(scheduling_strategy=strategy)
+        group_id, results = ray.get(task.remote(), timeout=200)
+        assert group_id == pg.id.hex()
+        assert results == [(0, 2, 1.0), (1, 2, 1.0)]
+    finally:
+        remove_placement_group(pg)
