@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -211,3 +212,22 @@ def test_a_blacklisted_host_comes_back_after_its_cooldown(tmp_path: Path) -> Non
     assert re.search(r"host 127\.0\.0\.2 \(rank 1.*blacklisted for [1-9] s", res.stderr), res.stderr[-2000:]
     assert {(int(g), int(s)) for _, g, s, _, _, _ in matches(WORLD, res.stdout)} == {(0, 2), (1, 2)}
     no_orphans(str(marker))
+
+
+def test_a_signal_while_waiting_for_hosts_ends_the_job_at_once(tmp_path: Path) -> None:
+    """SIGTERM to the launcher between worlds (here: waiting for --min-np slots) ends the job with 128+15."""
+    py = sys.executable
+    argv = [py, "-m", "hpcring", "run", "-H", hosts(1), "--min-np", "2", "--elastic-timeout", "60"]
+    argv += ["--", py, PROGRAM, "--out", str(tmp_path / "never.pt")]
+    env = {k: v for k, v in os.environ.items() if k != "HPCRING_ELASTIC_DIR"}
+    proc = subprocess.Popen(argv, cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    first = proc.stderr.readline()
+    assert "waiting up to 60 s for --min-np 2 slots (have 1: 127.0.0.1:1)" in first, first
+    proc.send_signal(signal.SIGTERM)
+    try:
+        rc = proc.wait(timeout=30)
+    finally:
+        proc.kill()
+    assert rc == 128 + signal.SIGTERM
+    assert "received SIGTERM; ending the job" in proc.stderr.read()

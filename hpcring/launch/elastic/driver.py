@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -196,13 +197,26 @@ class ElasticDriver:
 
     # ---- the job ------------------------------------------------------------------------------------------
     def run(self) -> int:
-        self.discovery.start()
+        """Run worlds until training ends; a signal between worlds ends the job too, and the commit directory
+        is removed however the job ends (during a world the supervisor handles signals itself)."""
+        handlers = {
+            s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+        }
         try:
+            self.discovery.start()
             return self._run()
+        except _Interrupted as stop:
+            self._note(f"received {signal.Signals(stop.signum).name}; ending the job")
+            return 128 + stop.signum
         finally:
+            for s, handler in handlers.items():
+                signal.signal(s, handler)
             self.discovery.stop()
             if self.owns_directory:
                 shutil.rmtree(self.directory, ignore_errors=True)
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        raise _Interrupted(signum)
 
     def _run(self) -> int:
         while True:
@@ -252,6 +266,14 @@ class ElasticDriver:
         delay = self.blacklist.add(host)
         until = "for good" if delay is None else f"for {delay:.0f} s"
         return f"host {host} (rank {rank}, which {how}) is blacklisted {until}"
+
+
+class _Interrupted(Exception):
+    """A signal arrived while no world was running."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
 
 
 def _counted(world: list[str]) -> list[Host]:
