@@ -41,6 +41,7 @@ SUBCOMMANDS: dict[str, Subcommand] = {
             "hpcring run -np 4 -- python train.py",
             "hpcring run -np 8 -H node1:4,node2:4 -- python train.py",
             "hpcring run -np 2 --dry-run -- python train.py",
+            "hpcring run -np 4 --min-np 2 --host-discovery-script ./hosts.sh -- python train.py  # elastic",
         ),
     ),
     "doctor": Subcommand(
