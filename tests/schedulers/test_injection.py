@@ -336,7 +336,7 @@ def test_directive_quoting_round_trips_sbatch_rules() -> None:
 def _hostile_scripts(tmp: Path) -> list[Path]:
     """Every built-in profile rendered with a hostile string in every user field: job name, command, steps,
     environment values, modules, working directory, output paths and, where the site runs containers, the
-    image and binds."""
+    same job again with a hostile image and binds (container off and on)."""
     scripts = []
     for name in profile.builtin_names():
         prof = profile.load(name)
@@ -354,11 +354,14 @@ def _hostile_scripts(tmp: Path) -> list[Path]:
                 "modules": (payload or "m",),
                 "command": ("python3", payload, f"--opt={payload}"),
             }
-            if prof.site.container is not None:
-                job.update(image=f"/img/{payload}.sif", binds=(f"/data/{payload}:/d",))
             script = tmp / f"{name}-{i}.sh"
             script.write_text(render_plan(make_plan(name, **job)))
             scripts.append(script)
+            if prof.site.container is not None:  # the same job in the site's container too
+                job.update(image=f"/img/{payload}.sif", binds=(f"/data/{payload}:/d",))
+                script = tmp / f"{name}-{i}-container.sh"
+                script.write_text(render_plan(make_plan(name, **job)))
+                scripts.append(script)
     return scripts
 
 
@@ -387,7 +390,8 @@ def test_every_profile_shellcheck_clean_with_hostile_fields(tmp_path: Path) -> N
 
 def test_every_launcher_shellcheck_clean_with_hostile_fields(tmp_path: Path) -> None:
     """Every built-in profile under every launcher its scheduler allows (mpirun under PBS and LSF, not only
-    the site's default), a hostile string in every user field, the account included; one shellcheck run."""
+    the site's default), a hostile string in every user field, the account included, with and without the
+    site's container where it has one; one shellcheck run."""
     from sched_helpers import SHELLCHECK
 
     from hpcring.schedulers import mapping
@@ -399,25 +403,27 @@ def test_every_launcher_shellcheck_clean_with_hostile_fields(tmp_path: Path) -> 
     scripts = []
     for name in profile.builtin_names():
         prof = profile.load(name)
+        containers = (False, True) if prof.site.container is not None else (False,)
         for launcher in plans.LAUNCHERS_OF[prof.site.scheduler]:
             for i, payload in enumerate(payloads):
-                line = " ".join(payload.splitlines())
-                spec = JobSpec(
-                    nodes=1,
-                    account=line,
-                    name=line,
-                    output=line,
-                    env=(("PAYLOAD", payload),),
-                    modules=(payload,),
-                    workdir=f"/work/{payload}",
-                    image=f"/img/{payload}.sif" if prof.site.container is not None else None,
-                    binds=(f"/data/{payload}:/d",) if prof.site.container is not None else (),
-                    steps=(Step(("python3", payload)), Step(("true", f"--opt={payload}"))),
-                )
-                p = plans.build(mapping.build(prof, spec), spec, launcher_name=launcher)
-                script = tmp_path / f"{name}-{launcher}-{i}.sh"
-                script.write_text(render_plan(p))
-                scripts.append(script)
+                for ctr in containers:
+                    line = " ".join(payload.splitlines())
+                    spec = JobSpec(
+                        nodes=1,
+                        account=line,
+                        name=line,
+                        output=line,
+                        env=(("PAYLOAD", payload),),
+                        modules=(payload,),
+                        workdir=f"/work/{payload}",
+                        image=f"/img/{payload}.sif" if ctr else None,
+                        binds=(f"/data/{payload}:/d",) if ctr else (),
+                        steps=(Step(("python3", payload)), Step(("true", f"--opt={payload}"))),
+                    )
+                    p = plans.build(mapping.build(prof, spec), spec, launcher_name=launcher)
+                    script = tmp_path / f"{name}-{launcher}-{i}{'-container' if ctr else ''}.sh"
+                    script.write_text(render_plan(p))
+                    scripts.append(script)
     res = subprocess.run(
         [SHELLCHECK, "--shell=bash", "--format=gcc", *map(str, scripts)],
         capture_output=True,
