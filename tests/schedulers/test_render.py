@@ -317,7 +317,9 @@ def test_templates_ship_in_the_wheel(tmp_path: Path) -> None:
     assert "jsrun --erf_input" in out.stdout
 
 
-@pytest.mark.parametrize("name", ["frontier", "summit", "generic-slurm-gpu", "generic-lsf"])
+@pytest.mark.parametrize(
+    "name", ["frontier", "summit", "generic-slurm-gpu", "generic-lsf", "polaris", "aurora"]
+)
 def test_containers_doc_shows_the_rendered_container_words(name: str) -> None:
     """docs/containers.md ("Hybrid MPI") quotes, per built-in profile, the exact runtime words the renderer
     emits for `--image hpcring.sif -- python train.py`, and the modules only container jobs load."""
