@@ -31,7 +31,7 @@ ParamInfo = tuple[str, int, str, str]
 class Bucket:
     """A flat gradient buffer, the parameters whose `.grad` are views of it, and this step's state."""
 
-    __slots__ = ("ctx", "flat", "handle", "name", "params", "remaining", "views")
+    __slots__ = ("ctx", "flat", "handle", "name", "params", "remaining", "views", "wire")
 
     def __init__(self, name: str, params: list[Any], flat: Any) -> None:
         self.name = name
@@ -46,6 +46,7 @@ class Bucket:
         self.remaining = len(params)  # members whose gradient is not ready yet this step
         self.handle: Any = None  # the engine handle while the bucket is in flight
         self.ctx: Any = None  # the compressor's context for the wire tensor
+        self.wire: Any = None  # persistent buffer of a casting compressor's dtype (built on first use)
 
     def bind(self) -> None:
         """Make every member's `.grad` its view (copying a gradient that lives elsewhere; None -> zeros): a

@@ -15,7 +15,13 @@ from hpcring import _deps
 
 
 class Compressor:
-    """Interface: `compress(t)` gives `(wire_tensor, ctx)`; `decompress(wire_tensor, ctx)` undoes it."""
+    """Interface: `compress(t)` gives `(wire_tensor, ctx)`; `decompress(wire_tensor, ctx)` undoes it.
+
+    `wire_dtype` names the dtype a compressor that only casts floating tensors sends: DistributedOptimizer's
+    buckets then cast into a persistent buffer of that dtype and back, instead of allocating two tensors per
+    bucket per step (None: call compress/decompress)."""
+
+    wire_dtype: str | None = None
 
     @staticmethod
     def compress(tensor: Any) -> tuple[Any, Any]:
@@ -58,6 +64,8 @@ def _restore(tensor: Any, ctx: Any) -> Any:
 class FP16Compressor(Compressor):
     """Casts floating tensors to float16 on the wire (half the bytes of float32; range up to 65504)."""
 
+    wire_dtype = "float16"
+
     @staticmethod
     def compress(tensor: Any) -> tuple[Any, Any]:
         return _cast_floating(tensor, "float16")
@@ -69,6 +77,8 @@ class FP16Compressor(Compressor):
 
 class BF16Compressor(Compressor):
     """Casts floating tensors to bfloat16 on the wire (half the bytes, float32's range, 8-bit mantissa)."""
+
+    wire_dtype = "bfloat16"
 
     @staticmethod
     def compress(tensor: Any) -> tuple[Any, Any]:

@@ -318,8 +318,18 @@ class _DistributedOptimizer:
                 self._submit_bucket(bucket)
 
     def _submit_bucket(self, bucket: bucketing.Bucket) -> None:
-        """One in-place allreduce of the bucket (in the compressed dtype when compressing)."""
-        wire, bucket.ctx = self._compression.compress(bucket.flat)
+        """One in-place allreduce of the bucket (in the compressed dtype when compressing: a casting
+        compressor casts into the bucket's persistent wire buffer, others allocate as they do)."""
+        cast = self._compression.wire_dtype
+        flat = bucket.flat
+        if cast is not None and flat.dtype.is_floating_point:
+            if bucket.wire is None:
+                bucket.wire = _deps.torch().empty(flat.shape, dtype=getattr(_deps.torch(), cast))
+            wire = bucket.wire
+            wire.copy_(flat)
+            bucket.ctx = _CAST
+        else:
+            wire, bucket.ctx = self._compression.compress(flat)
         pre, post = self._scale_factors()
         bucket.handle = _hvd().allreduce_async_(
             wire, name=bucket.name, op=self.op, prescale_factor=pre, postscale_factor=post, **self._set_kw()
@@ -389,7 +399,9 @@ class _DistributedOptimizer:
         self._launch_missing()
         for bucket in self._buckets or ():
             output = hvd.synchronize(bucket.handle)
-            if output is not bucket.flat:  # compressed: back into the gradients' own dtype and memory
+            if bucket.ctx is _CAST:  # cast back into the gradients' own dtype and memory
+                bucket.flat.copy_(output)
+            elif output is not bucket.flat:  # compressed
                 bucket.flat.copy_(self._compression.decompress(output, bucket.ctx))
             bucket.reset()
         for key, (handle, ctx) in self._handles.items():
@@ -498,6 +510,9 @@ class _DistributedOptimizer:
         self._should_synchronize = True
         self.set_backward_passes_per_step(self.backward_passes_per_step)
         cast(Any, super()).load_state_dict(*args, **kwargs)
+
+
+_CAST = object()  # a bucket's ctx when it was cast into its wire buffer
 
 
 def _members(key: _Key) -> tuple[Any, ...]:
