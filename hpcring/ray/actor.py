@@ -68,6 +68,7 @@ class WorkerActor:
         self._sock: socket.socket | None = None
         self._info: dict[str, Any] = {}
         self._want_standby = False
+        self._call_lock = threading.Lock()
         self._standby: tuple[subprocess.Popen[bytes], socket.socket, int] | None = None
         self._standby_thread: threading.Thread | None = None
 
@@ -171,8 +172,9 @@ class WorkerActor:
         """Run `fn(executable)` in the worker; its exception is raised here with the worker's traceback."""
         if self._sock is None:
             raise WorkerFailed("no worker is running on this actor: call start() first")
-        channel.send(self._sock, ("call", fn))
-        reply = self._recv()
+        with self._call_lock:  # calls from run_remote and run may overlap: one at a time on the channel
+            channel.send(self._sock, ("call", fn))
+            reply = self._recv()
         if reply[0] == "ok":
             return reply[1]
         exc = reply[2]

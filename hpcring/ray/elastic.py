@@ -214,6 +214,18 @@ class ElasticRayExecutor:
                 ray.kill(actor)
         group.actors = alive
 
+    def _dead_actor(self) -> str | None:
+        """'the actor of rank r died' for the first actor that no longer answers. A survivor can fail
+        (its collective broke) before Ray reports the dead actor: then the loss, not that error, decides."""
+        ray = ray_module()
+        refs = [a.pid.remote() for a in self._started().actors]
+        for rank, ref in enumerate(refs):
+            try:
+                ray.get(ref, timeout=_ACTOR_START_S)
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                return f"the actor of rank {rank} died"
+        return None
+
     def _started(self) -> WorkerGroup:
         if self._group is None:
             raise ConfigError("the ElasticRayExecutor is not started: call start() first")
@@ -245,7 +257,7 @@ class ElasticRayExecutor:
                     group.form((None, [], {}), self._env(generation), self.settings.timeout_s, standby=True)
                     results = group.call(call_with(worker_fn, None, None))
                 except CallFailed as failure:
-                    cause = _reset_cause(failure)
+                    cause = _reset_cause(failure) or self._dead_actor()
                     if cause is None:
                         raise
                     self._reset(cause)

@@ -157,6 +157,10 @@ class RayExecutor:
     def _started(self) -> WorkerGroup:
         if self._group is None:
             raise ConfigError("the RayExecutor is not started: call start() first")
+        if not self._group.formed:
+            raise ConfigError(
+                "a failure ended this RayExecutor's workers: call shutdown(), then start() again"
+            )
         return self._group
 
     def execute(

@@ -90,7 +90,7 @@ class WorkerGroup:
     def submit(self, fn: Any) -> list[Any]:
         """Start `fn(executable)` on every worker; the object refs, in rank order."""
         if not self.formed:
-            raise LaunchError("the workers are not running: call start() first (or again after a failure)")
+            raise LaunchError("the workers are not running (never started, or a failure ended their world)")
         return [a.execute.remote(fn) for a in self.actors]
 
     def call(self, fn: Any) -> list[Any]:

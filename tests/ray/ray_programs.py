@@ -146,3 +146,9 @@ def schedule_reference(sizes: list[int], per_rank: int, seed: int) -> list[torch
         torch.nn.functional.mse_loss(net(x), y).backward()
         opt.step()
     return [p.detach().clone() for p in net.parameters()]
+
+
+def raise_everywhere() -> None:
+    """The function's own error, on every rank at once (not a lost worker)."""
+    hvd.init()
+    raise KeyError(f"no such key on rank {hvd.rank()}")

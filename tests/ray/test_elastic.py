@@ -14,6 +14,7 @@ import torch
 
 from hpcring.errors import ConfigError
 from hpcring.ray import ElasticRayExecutor
+from hpcring.ray.world import CallFailed
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -45,6 +46,16 @@ def test_a_killed_worker_and_the_run_finishes_at_the_smaller_size(ray_cluster: A
     recovery = results[0]["first_step_at"] - float((tmp_path / "killed").read_text())
     print(f"\nelastic ray: kill -> first step at size 2: {recovery:.2f} s; whole run {total:.2f} s")
     assert not (tmp_path / "commits").exists()  # the commit store is removed when the run is over
+
+
+def test_the_functions_own_error_is_raised_not_retried(ray_cluster: Any, tmp_path: Path) -> None:
+    settings = ElasticRayExecutor.create_settings(min_num_proc=2, max_num_proc=2, timeout_s=60)
+    ex = ElasticRayExecutor(settings, env_vars={"HPCRING_ELASTIC_DIR": str(tmp_path / "commits")})
+    ex.start()
+    with pytest.raises(CallFailed, match="worker rank 0 failed") as info:
+        ex.run(prog.raise_everywhere)
+    assert isinstance(info.value.__cause__, KeyError)
+    assert ex.resets == 0 and ex.sizes == [2]
 
 
 def test_min_above_what_the_cluster_has_fails_after_elastic_timeout(ray_cluster: Any) -> None:

@@ -71,7 +71,7 @@ def test_a_failing_rank_is_named_and_the_others_do_not_hang(executor: Any) -> No
         ex.run(prog.fail_on, args=[1])
     assert isinstance(info.value.__cause__, ValueError)  # Ray re-raises the worker's own exception type
     assert "rank 1 fails on purpose" in str(info.value)
-    with pytest.raises(Exception, match="call start"):
+    with pytest.raises(ConfigError, match=r"call shutdown\(\), then start\(\) again"):
         ex.run(prog.rank_sum, args=[0.0])
 
 
