@@ -20,9 +20,10 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	touch $@
 
 # Second environment for the MPICH flavour (mpi4py loads whichever libmpi its venv holds: one venv per MPI).
+# torch too: the Slurm CI's srun ranks (MPICH, PMI-2) train with hvd.elastic (tests/integration/slurm).
 $(VENV_MPICH)/.installed: pyproject.toml constraints.txt
 	test -x $(VENV_MPICH)/bin/python || $(PYTHON) -m venv $(VENV_MPICH)
-	$(VENV_MPICH)/bin/python -m pip install -q -c constraints.txt -e '.[mpich]' pytest pytest-timeout ml_dtypes
+	$(VENV_MPICH)/bin/python -m pip install -q -c constraints.txt -e '.[mpich,torch]' pytest pytest-timeout ml_dtypes
 	touch $@
 
 demo: setup

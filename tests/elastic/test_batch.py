@@ -112,3 +112,24 @@ def test_the_step_runner_reads_which_node_srun_saw_fail_first() -> None:
     slurm._relay(log, sink, failed)
     assert failed == [("node3", "Killed"), ("node1", "Terminated")]
     assert sink.getvalue() == log.getvalue()
+
+
+def test_a_node_failure_names_that_node_not_the_tasks_srun_killed_after_it() -> None:
+    """A node whose slurmd stops answering: slurmctld marks it DOWN after SlurmdTimeout and tells srun, which
+    kills the other nodes' tasks and reports them (seen on the CI's Slurm 22.05). Slurm's verdict wins."""
+    log = io.StringIO(
+        "srun: error: Node failure on node3\n"
+        "srun: error: node1: task 0: Killed\n"
+        "srun: launch/slurm: _step_signal: Terminating StepId=18.0\n"
+        "srun: error: node2: task 1: Killed\n"
+    )
+    failed: list[tuple[str, str]] = []
+    slurm._relay(log, io.StringIO(), failed)
+    assert failed == [("node3", slurm.NODE_FAILURE), ("node1", "Killed"), ("node2", "Killed")]
+    live = ["node1", "node2", "node3"]
+    assert slurm.lost_after_failure(failed, live, {}) == {"node3": "Slurm reports a node failure"}
+    assert slurm.lost_after_failure(failed[1:], live, {"node3": "down*"}) == {
+        "node3": "Slurm reports it down*"
+    }
+    assert slurm.lost_after_failure(failed[1:], live, {}) == {"node1": "its task Killed"}
+    assert slurm.lost_after_failure([], live, {}) == {}

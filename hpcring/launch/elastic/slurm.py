@@ -2,11 +2,12 @@
 
 A job rendered with `elastic: {min_nodes: N}` asks Slurm not to kill it when a node fails (`#SBATCH
 --no-kill`) and runs each step through this runner, in the batch script. The runner starts the step's srun
-on the allocation's nodes that are still usable; when the step fails it finds the node that was lost (the
-first node srun reports a failed task on, and any node Slurm now marks down or not responding), says so, and
-runs the step again on the nodes left, as long as at least `--min-nodes` remain and `--max-restarts` is not
-exceeded. The ranks resume from their last commit in node-local memory (hpcring.torch.elastic:
-HPCRING_ELASTIC_DIR is `/dev/shm/hpcring-elastic-$SLURM_JOB_ID`, the same on every node).
+on the allocation's nodes that are still usable; when the step fails it finds the node that was lost (a node
+srun reports a node failure on or Slurm now marks down or not responding; failing that, the first node srun
+reports a failed task on), says so, and runs the step again on the nodes left, as long as at least
+`--min-nodes` remain and `--max-restarts` is not exceeded. The ranks resume from their last commit in
+node-local memory (hpcring.torch.elastic: HPCRING_ELASTIC_DIR is `/dev/shm/hpcring-elastic-$SLURM_JOB_ID`,
+the same on every node).
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ from hpcring.launch.elastic import contract
 
 # "srun: error: node3: task 2: Killed", "srun: error: node3: tasks 4-5: Exited with exit code 1"
 _TASK_FAILED = re.compile(r"srun: error: (\S+): tasks? [\d,\-]+: (.+)$")
+# slurmctld marked a node of the step DOWN (its slurmd stopped answering for SlurmdTimeout) and told srun
+_NODE_FAILED = re.compile(r"srun: error: Node failure on (\S+)$")
+NODE_FAILURE = "node failure"
 _BAD_STATES = ("down", "drain", "fail", "maint", "unk", "*")
 
 
@@ -80,13 +84,35 @@ def step_argv(srun: Sequence[str], live: Sequence[str], nodes_before: int) -> li
 
 
 def _relay(stream: IO[str], sink: IO[str], failed: list[tuple[str, str]]) -> None:
-    """Pass srun's stderr through, remembering which nodes it reports failed tasks on (first first)."""
+    """Pass srun's stderr through, remembering which nodes it reports failed tasks or a node failure on
+    (first first; a node failure as (node, NODE_FAILURE))."""
     for line in stream:
         sink.write(line)
         sink.flush()
         m = _TASK_FAILED.search(line.strip())
         if m:
             failed.append((m.group(1), m.group(2)))
+        elif n := _NODE_FAILED.search(line.strip()):
+            failed.append((n.group(1), NODE_FAILURE))
+
+
+def lost_after_failure(
+    failed: Sequence[tuple[str, str]], live: Sequence[str], down: dict[str, str]
+) -> dict[str, str]:
+    """The step's nodes to leave out after it failed, with why.
+
+    Slurm's own verdict comes first: a node srun was told failed ("Node failure on node3") or that Slurm now
+    reports down. srun then kills the tasks on the other nodes and reports those as failed too ("node1: task
+    0: Killed"): consequences, not losses, so they are ignored. Without such a verdict the node lost is the
+    first one srun reported a failed task on (its ranks died first; the others were ended after them).
+    """
+    verdict = {n: "Slurm reports a node failure" for n, how in failed if how == NODE_FAILURE and n in live}
+    for node, state in down.items():
+        verdict.setdefault(node, f"Slurm reports it {state}")
+    if verdict:
+        return verdict
+    culprit = next(((n, how) for n, how in failed if n in live), None)
+    return {culprit[0]: f"its task {culprit[1]}"} if culprit else {}
 
 
 def run_step(argv: Sequence[str], env: dict[str, str]) -> tuple[int, list[tuple[str, str]]]:
@@ -139,9 +165,7 @@ def main(args_in: Sequence[str] | None = None) -> int:
         rc, failed = run_step(argv, env)
         if rc == 0:
             return 0
-        culprit = next(((n, how) for n, how in failed if n in live), None)
-        newly = {n: f"its task {how}" for n, how in ([culprit] if culprit else [])}
-        newly.update({n: f"Slurm reports it {s}" for n, s in unusable(live).items()})
+        newly = lost_after_failure(failed, live, unusable(live))
         if not newly:
             say(f"the step failed (exit {rc}) without naming a node; running it again on the same nodes")
         for node, why in newly.items():

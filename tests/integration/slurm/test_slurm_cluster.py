@@ -12,7 +12,6 @@ import time
 
 import pytest
 from slurm_jobs import (  # noqa: F401 (slurm_cluster_fixture registers the `slurm_cluster` fixture)
-    NODES,
     Cluster,
     cluster_sh,
     scontrol_node,
@@ -30,7 +29,7 @@ def test_up_is_idempotent_and_status_answers(slurm_cluster: Cluster) -> None:
     assert time.monotonic() - t0 < 60  # a hang guard, not a timing claim: it normally takes well under 1 s
     status = cluster_sh("status", timeout=60)
     assert status.returncode == 0, status.stderr
-    for n in range(1, NODES + 1):
+    for n in range(1, slurm_cluster.nodes + 1):
         assert f"node{n}" in status.stdout
         assert scontrol_node(f"node{n}")["State"].startswith(("IDLE", "MIXED", "ALLOCATED"))
 
@@ -42,11 +41,12 @@ def test_nodes_are_distinct_and_tasks_are_bound(slurm_cluster: Cluster) -> None:
         'echo "$SLURM_PROCID $SLURM_LOCALID $SLURM_NODEID $SLURMD_NODENAME $(hostname) '
         '$(grep Cpus_allowed_list /proc/self/status | cut -f2)"'
     )
-    srun = ["timeout", "60", "srun", "-N", str(NODES), f"--ntasks-per-node={per_node}", "--cpu-bind=cores"]
+    nodes = slurm_cluster.nodes
+    srun = ["timeout", "60", "srun", "-N", str(nodes), f"--ntasks-per-node={per_node}", "--cpu-bind=cores"]
     res = subprocess.run([*srun, "bash", "-c", probe], capture_output=True, text=True, check=False)
     assert res.returncode == 0, res.stderr
     rows = sorted(line.split() for line in res.stdout.splitlines())
-    assert len(rows) == NODES * per_node
+    assert len(rows) == nodes * per_node
     for proc, local, node, nodename, host, cpus in rows:
         rank = int(proc)
         assert int(node) == rank // per_node and int(local) == rank % per_node
