@@ -19,6 +19,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from typing import Any
 
 from hpcring.errors import ConfigError
@@ -41,9 +42,10 @@ class WorkerFailed(RuntimeError):
 
 
 def _die_with_parent() -> None:
-    """In mpiexec before exec: SIGKILL when the actor dies, even by SIGKILL (Linux prctl)."""
+    """In mpiexec before exec: a signal when the actor dies, even by SIGKILL (Linux prctl)."""
     with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+        # SIGTERM, not SIGKILL: hydra then ends its process and removes its /tmp/hydra_hwloc_xmlfile_*.
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
 
 
 def mpich_mpiexec() -> str:
@@ -60,6 +62,23 @@ def mpich_mpiexec() -> str:
     return install.mpiexec
 
 
+def _shm_segments(pid: int) -> list[str]:
+    """MPICH's shared-memory files the worker has mapped (from /proc): removed after the worker is gone,
+    since a worker that is killed (or leaves without MPI_Finalize) cannot remove them itself."""
+    try:
+        with open(f"/proc/{pid}/maps") as maps:
+            paths = {line.split()[-1] for line in maps if "/dev/shm/mpich_shm_" in line}
+    except OSError:
+        return []
+    return sorted(p for p in paths if p.startswith("/dev/shm/"))
+
+
+def _remove(paths: list[str]) -> None:
+    for path in paths:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+
+
 class WorkerActor:
     """One rank's resources and the process that runs its share of the training."""
 
@@ -69,6 +88,7 @@ class WorkerActor:
         self._info: dict[str, Any] = {}
         self._want_standby = False
         self._call_lock = threading.Lock()
+        self._shm: list[str] = []
         self._standby: tuple[subprocess.Popen[bytes], socket.socket, int] | None = None
         self._standby_thread: threading.Thread | None = None
 
@@ -98,6 +118,29 @@ class WorkerActor:
 
     def env_vars(self) -> dict[str, str]:
         return dict(os.environ)
+
+    def remove_files(self, paths: list[str]) -> None:
+        """Remove files on this node: a dead actor's worker's shared-memory segments (after a moment, as
+        that worker notices its actor is gone within half a second)."""
+        time.sleep(1.0)
+        _remove(paths)
+
+    def stop_standby(self) -> None:
+        """Stop the standby worker, if any (the job is over), removing its shared-memory files."""
+        standby = self._take_standby()
+        if standby is None:
+            return
+        proc, sock, pid = standby
+        shm = _shm_segments(pid)
+        sock.close()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=3)
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        _remove(shm)
 
     def remove_tree(self, path: str) -> None:
         """Remove a directory on this actor's node (the elastic commit store, once the run is over)."""
@@ -163,7 +206,8 @@ class WorkerActor:
         reply = self._recv()
         if reply[0] != "ready":
             raise WorkerFailed(f"worker failed to join the world:\n{reply[1]}")
-        self._info = reply[1]
+        self._shm = _shm_segments(int(reply[1]["pid"]))
+        self._info = {**reply[1], "host": socket.gethostname(), "shm": self._shm}
         if self._want_standby:
             self._start_standby()
         return self._info
@@ -216,6 +260,11 @@ class WorkerActor:
         if isinstance(pid, int) and proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+        # mpiexec ends by itself once its process is gone (and removes its files); kill it only if not.
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=3)
         if proc.poll() is None:
             proc.kill()
         proc.wait()
+        _remove(self._shm)
+        self._shm = []

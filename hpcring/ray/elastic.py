@@ -204,15 +204,27 @@ class ElasticRayExecutor:
         ray = ray_module()
         group = self._started()
         refs = [a.pid.remote() for a in group.actors]
-        alive = []
+        alive, dead = [], []
         for actor, ref in zip(group.actors, refs, strict=True):
             try:
                 ray.get(ref, timeout=_ACTOR_START_S)
                 alive.append(actor)
             except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
                 self._lost += 1
+                dead.append(actor)
                 ray.kill(actor)
         group.actors = alive
+        self._clean_after(dead, alive)
+
+    def _clean_after(self, dead: list[Any], alive: list[Any]) -> None:
+        """Have a live actor on a dead actor's host remove the shared-memory files its worker left."""
+        group = self._started()
+        hosts = {group.info.get(a, {}).get("host"): a for a in alive}
+        for actor in dead:
+            info = group.info.pop(actor, {})
+            helper = hosts.get(info.get("host"))
+            if helper is not None and info.get("shm"):
+                helper.remove_files.remote(info["shm"])
 
     def _dead_actor(self) -> str | None:
         """'the actor of rank r died' for the first actor that no longer answers. A survivor can fail

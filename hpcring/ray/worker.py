@@ -26,6 +26,7 @@ from hpcring.ray import channel
 
 CHANNEL_VARIABLE = "HPCRING_RAY_CHANNEL"
 ACTOR_PID_VARIABLE = "HPCRING_RAY_ACTOR_PID"
+FINALIZE_TIMEOUT_S = 5.0
 PRELOAD_VARIABLE = "HPCRING_RAY_PRELOAD"  # modules a worker imports while it waits (comma-separated)
 
 
@@ -84,6 +85,29 @@ def _serve(sock: socket.socket, world: Any, executable: Any) -> None:
         channel.send(sock, reply)
 
 
+def _finalize(world: Any, timeout: float) -> None:
+    """On an orderly stop (every worker of the world is told at once), shut hpcring down and finalise MPI,
+    which removes MPICH's shared-memory segment of this job (os._exit alone leaves one in /dev/shm per
+    worker). Finalize waits for every connected process, so it runs on a thread given `timeout` seconds."""
+
+    def leave() -> None:
+        with contextlib.suppress(Exception):
+            torch_api = sys.modules.get("hpcring.torch")
+            if torch_api is not None:
+                torch_api.shutdown()
+            from hpcring.collective import runtime
+
+            runtime.shutdown()
+            world.Free()
+            from mpi4py import MPI
+
+            MPI.Finalize()
+
+    thread = threading.Thread(target=leave, daemon=True)
+    thread.start()
+    thread.join(timeout)
+
+
 def _picklable(exc: BaseException) -> BaseException | None:
     try:
         channel.dumps(exc)
@@ -113,6 +137,7 @@ def main() -> None:
             raise
         channel.send(sock, ("ready", {"pid": os.getpid(), "host": socket.gethostname()}))
         _serve(sock, world, executable)
+        _finalize(world, FINALIZE_TIMEOUT_S)
     except EOFError:  # the actor went away
         code = 1
     except BaseException:

@@ -39,6 +39,7 @@ class WorkerGroup:
 
     def __init__(self, driver_address: str) -> None:
         self.actors: list[Any] = []
+        self.info: dict[Any, dict[str, Any]] = {}  # per actor: its worker's pid, host, shared-memory files
         self.formed = False
         self._store = StoreServer()
         self._address = f"{driver_address}:{self._store.port}"
@@ -85,6 +86,7 @@ class WorkerGroup:
                 f"workers of rank {late} did not join the world within {timeout:g} s (timeout_s)"
             )
         self._gather(refs, skip=[], ended=False)
+        self.info = dict(zip(self.actors, ray.get(refs), strict=True))
         self.formed = True
 
     def submit(self, fn: Any) -> list[Any]:
@@ -165,6 +167,8 @@ class WorkerGroup:
 
         if self.actors:
             self.end_world()
+            refs = [a.stop_standby.remote() for a in self.actors]
+            ray.wait(refs, num_returns=len(refs), timeout=15)
         for actor in self.actors:
             ray.kill(actor)
         self.actors = []
