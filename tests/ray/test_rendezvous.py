@@ -120,3 +120,15 @@ def test_a_rank_outside_the_world_is_refused() -> None:
 
     with pytest.raises(ConfigError, match=r"rendezvous rank 3 is outside 0\.\.1"):
         rendezvous.form_world(None, 3, 2)  # type: ignore[arg-type]
+
+
+def test_importing_hpcring_ray_loads_neither_ray_nor_mpi() -> None:
+    code = (
+        "import sys, hpcring.ray, hpcring.launch.rendezvous, hpcring.launch.rendezvous_store\n"
+        "hpcring.ray.RayExecutor, hpcring.ray.ElasticRayExecutor\n"
+        "print(sorted(m for m in ('ray', 'mpi4py.MPI', 'torch') if m in sys.modules))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True, cwd=ROOT
+    )
+    assert proc.stdout.strip() == "[]"
