@@ -152,3 +152,16 @@ def raise_everywhere() -> None:
     """The function's own error, on every rank at once (not a lost worker)."""
     hvd.init()
     raise KeyError(f"no such key on rank {hvd.rank()}")
+
+
+def kill_own_actor_on(rank: int) -> int:
+    """`rank` SIGKILLs the Ray actor holding it while the others wait in a collective."""
+    import signal
+    import time
+
+    hvd.init()
+    if hvd.rank() == rank:
+        os.kill(int(os.environ["HPCRING_RAY_ACTOR_PID"]), signal.SIGKILL)
+        time.sleep(60)
+    hvd.allreduce(torch.ones(1), name="waits-for-the-dead")
+    return hvd.rank()

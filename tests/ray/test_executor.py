@@ -75,6 +75,20 @@ def test_a_failing_rank_is_named_and_the_others_do_not_hang(executor: Any) -> No
         ex.run(prog.rank_sum, args=[0.0])
 
 
+def test_a_killed_actor_is_named_and_the_others_are_ended(executor: Any, ray_cluster: Any) -> None:
+    ex = executor(num_workers=2)
+    ex.start()
+    with pytest.raises(CallFailed, match="worker rank 1 failed; the other workers were ended") as info:
+        ex.run(prog.kill_own_actor_on, args=[1])
+    assert isinstance(info.value.__cause__, ray_cluster.exceptions.RayActorError)
+
+
+def test_workers_per_host_shape(executor: Any) -> None:
+    ex = executor(num_hosts=1, num_workers_per_host=2)  # one bundle of 2 CPUs, STRICT_SPREAD over 1 node
+    ex.start()
+    assert ex.run(prog.rank_sum, args=[0.0]) == [(0, 2, 1.0), (1, 2, 1.0)]
+
+
 def test_placement_that_cannot_fit_says_what_was_asked(ray_cluster: Any) -> None:
     settings = RayExecutor.create_settings(placement_group_timeout_s=2)
     ex = RayExecutor(settings, num_workers=5, cpus_per_worker=1)
