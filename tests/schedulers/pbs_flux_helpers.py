@@ -17,12 +17,14 @@ from standins import install
 from hpcring.schedulers import profile
 
 TRAIN = ("python", "train.py", "--epochs", "3")
-# Each rank prints what it got: host, ranks, the CPUs the launcher would bind, its visible GPUs.
+# Each rank prints what it got: host, ranks, the CPUs the launcher would bind, its visible GPUs. One write()
+# per line: the tasks share the job's output file, and print() under PYTHONUNBUFFERED writes the text and its
+# newline separately, so two tasks' lines could interleave.
 PROBE = (
     sys.executable,
     "-c",
-    "import json, os; print('PROBE ' + json.dumps({k: os.environ.get(k) for k in ('STANDIN_HOST', "
-    "'PMI_RANK', 'FLUX_TASK_RANK', 'STANDIN_CPUS', 'CUDA_VISIBLE_DEVICES')}), flush=True)",
+    "import json, os; os.write(1, ('PROBE ' + json.dumps({k: os.environ.get(k) for k in ('STANDIN_HOST', "
+    "'PMI_RANK', 'FLUX_TASK_RANK', 'STANDIN_CPUS', 'CUDA_VISIBLE_DEVICES')}) + '\\n').encode())",
 )
 
 
