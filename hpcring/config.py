@@ -64,7 +64,7 @@ class EngineSettings:
     bucket_cap_mb: float = DEFAULT_BUCKET_CAP_MB
 
 
-def _lookup(env: Mapping[str, str], name: str, aliases: tuple[str, ...] = ()) -> tuple[str, str] | None:
+def lookup(env: Mapping[str, str], name: str, aliases: tuple[str, ...] = ()) -> tuple[str, str] | None:
     """(variable, value) of the first of HPCRING_<name>, HOROVOD_<name>, *aliases that is set."""
     for var in (f"HPCRING_{name}", f"HOROVOD_{name}", *aliases):
         if var in env:
@@ -124,18 +124,18 @@ def parse_choice(var: str, text: str, allowed: tuple[str, ...]) -> str:
 
 
 def _algorithm(env: Mapping[str, str]) -> str:
-    found = _lookup(env, "ALLREDUCE_ALGORITHM")
+    found = lookup(env, "ALLREDUCE_ALGORITHM")
     if found:
         return parse_choice(*found, ALGORITHMS)
     # Horovod's switch for the node-aware allreduce.
-    hier = _lookup(env, "HIERARCHICAL_ALLREDUCE")
+    hier = lookup(env, "HIERARCHICAL_ALLREDUCE")
     if hier and parse_bool(*hier):
         return "hierarchical"
     return "auto"
 
 
 def _log_level(env: Mapping[str, str]) -> str:
-    found = _lookup(env, "LOG_LEVEL")
+    found = lookup(env, "LOG_LEVEL")
     return parse_choice(*found, LOG_LEVELS) if found else "warning"
 
 
@@ -145,24 +145,24 @@ TIMELINE_DYNAMIC = "DYNAMIC"
 def engine_settings(env: Mapping[str, str] | None = None) -> EngineSettings:
     """Read every engine setting from `env` (default: os.environ); ConfigError on the first bad value."""
     env = os.environ if env is None else env
-    found = _lookup(env, "FUSION_THRESHOLD")
+    found = lookup(env, "FUSION_THRESHOLD")
     fusion = parse_bytes(*found) if found else DEFAULT_FUSION_THRESHOLD
-    found = _lookup(env, "CYCLE_TIME")
+    found = lookup(env, "CYCLE_TIME")
     cycle = parse_float(*found) if found else DEFAULT_CYCLE_TIME_MS
-    found = _lookup(env, "CACHE_CAPACITY")
+    found = lookup(env, "CACHE_CAPACITY")
     cache = parse_int(*found) if found else DEFAULT_CACHE_CAPACITY
-    found = _lookup(env, "TIMELINE")
+    found = lookup(env, "TIMELINE")
     # DYNAMIC (Horovod's word): nothing is written until start_timeline(path) is called at run time.
     timeline = found[1] if found and found[1] and found[1] != TIMELINE_DYNAMIC else None
-    found = _lookup(env, "TIMELINE_MARK_CYCLES")
+    found = lookup(env, "TIMELINE_MARK_CYCLES")
     mark = parse_bool(*found) if found else False
-    found = _lookup(env, "STALL_CHECK_TIME_SECONDS")
+    found = lookup(env, "STALL_CHECK_TIME_SECONDS")
     stall = parse_float(*found) if found else DEFAULT_STALL_CHECK_S
-    found = _lookup(env, "STALL_SHUTDOWN_TIME_SECONDS")
+    found = lookup(env, "STALL_SHUTDOWN_TIME_SECONDS")
     shutdown = parse_float(*found) if found else 0.0
-    found = _lookup(env, "STALL_CHECK_DISABLE")
+    found = lookup(env, "STALL_CHECK_DISABLE")
     disable = parse_bool(*found) if found else False
-    found = _lookup(env, "BUCKET_CAP_MB")
+    found = lookup(env, "BUCKET_CAP_MB")
     bucket_cap = parse_float(*found) if found else DEFAULT_BUCKET_CAP_MB
     return EngineSettings(
         fusion_threshold=fusion,

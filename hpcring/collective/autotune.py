@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hpcring.config import parse_bool, parse_int
+from hpcring.config import lookup, parse_bool, parse_int
 
 log = logging.getLogger("hpcring.autotune")
 
@@ -62,10 +62,9 @@ class AutotuneOptions:
 
 
 def _get(env: Mapping[str, str], name: str) -> tuple[str, str] | None:
-    for var in (f"HPCRING_{name}", f"HOROVOD_{name}"):
-        if var in env and env[var].strip():
-            return var, env[var].strip()
-    return None
+    """HPCRING_<name> or HOROVOD_<name>, as every engine setting reads them; an empty value means unset."""
+    found = lookup(env, name)
+    return found if found and found[1] else None
 
 
 def autotune_options(env: Mapping[str, str] | None = None) -> AutotuneOptions:

@@ -73,6 +73,19 @@ def _shm_segments(pid: int) -> list[str]:
     return sorted(p for p in paths if p.startswith("/dev/shm/"))
 
 
+def _end_worker(proc: subprocess.Popen[bytes], pid: int | None) -> None:
+    """Kill the worker process `pid` (if still running) and reap its `mpiexec -n 1`: mpiexec ends by itself
+    once its process is gone (and removes its files); it is killed only if it does not within 3 s."""
+    if pid is not None and proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=3)
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+
+
 def _remove(paths: list[str]) -> None:
     for path in paths:
         with contextlib.suppress(OSError):
@@ -133,13 +146,7 @@ class WorkerActor:
         proc, sock, pid = standby
         shm = _shm_segments(pid)
         sock.close()
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=3)
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
+        _end_worker(proc, pid)
         _remove(shm)
 
     def remove_tree(self, path: str) -> None:
@@ -257,14 +264,6 @@ class WorkerActor:
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=grace)
         pid = self._info.get("pid")
-        if isinstance(pid, int) and proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        # mpiexec ends by itself once its process is gone (and removes its files); kill it only if not.
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=3)
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
+        _end_worker(proc, pid if isinstance(pid, int) else None)
         _remove(self._shm)
         self._shm = []
