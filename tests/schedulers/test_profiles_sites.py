@@ -7,8 +7,10 @@ hpcring's output; the profile YAML cites the same pages for the node facts.
 from __future__ import annotations
 
 import json
+import shlex
 
-from sched_helpers import cli
+import pytest
+from sched_helpers import cli, make_plan, render_plan
 
 from hpcring.schedulers import cpuset, mapping, profile
 from hpcring.schedulers.job import JobSpec
@@ -99,11 +101,68 @@ def test_alps_gh200_affinity_examples() -> None:
 
 def test_el_capitan_systems_apu_per_socket() -> None:
     """hpc.llnl.gov/node/1244 ("El Capitan Systems"): 4 MI300A, "each allocated to its own socket ...
-    (defining a NUMA domain)", 24 cores each (AMD's MI300A page). The page gives no per-rank table, so this
-    checks the one it implies: rank i on APU i, its 24 cores, its GPU, its memory on NUMA domain i."""
+    (defining a NUMA domain)", 24 cores each (AMD's MI300A page). That page gives no per-rank table (LLNL's
+    CUG'24 tutorial does: test_el_capitan_systems_flux_map_affinity), so this checks the one it implies: rank
+    i on APU i, its 24 cores, its GPU, its memory on NUMA domain i."""
     for name in ("tuolumne", "el-capitan"):
         slots = _slots(name)
         assert [s.cores for s in slots] == [tuple(range(24 * i, 24 * i + 24)) for i in range(4)]
         assert [(s.gpus, s.mem_numa, s.apu) for s in slots] == [((i,), (i,), True) for i in range(4)]
         record = json.loads(cli("map", "--profile", name, "--nodes", "1", "--format", "json").stdout)[2]
         assert record["mem_numa"] == [2] and record["gpus"] == [2]
+
+
+# github.com/LLNL/mpibind/blob/master/tutorials/cug24/module4.md ("Flux affinity on the AMD MI300A APU", on
+# RZAdams, the El Capitan systems' node), "Controlling affinity with Flux": 4 tasks, one GPU each, each on
+# 2 cores local to its GPU with both hardware threads (`flux run -N1 -n4 -g1 -o gpu-affinity=per-task -o
+# cpu-affinity='map:...'`), and the output "Task i/4 has 1 GPUs: 000i:02", i.e. GPU i (the page's table:
+# GPU i is 0x000i:02, local to cores 24i..24i+23).
+MI300A_MAP = "map:0-1,96-97;24-25,120-121;48-49,144-145;72-73,168-169"
+
+
+def _flux_options(text: str) -> dict[str, str]:
+    """The `-o KEY=VALUE` options of the script's `flux run` line."""
+    line = next(ln for ln in text.splitlines() if ln.startswith("flux run "))
+    words = shlex.split(line)
+    return dict(words[i + 1].split("=", 1) for i, w in enumerate(words) if w == "-o")
+
+
+@pytest.mark.parametrize("name", ["tuolumne", "el-capitan"])
+def test_el_capitan_systems_flux_map_affinity(name: str) -> None:
+    """module4.md's mapped table: task i on CPUs 24i,24i+1 and their second threads 96+24i,96+24i+1, GPU i;
+    both in the RankMap and in the rendered `flux run` line. Per-task binding is not used: the same page shows
+    it putting every task on cores 88-95 ("Only process 3 is using a local GPU")."""
+    tasks = [cpuset.parse(c) for c in _as_written(MI300A_MAP.removeprefix("map:"), ";")]
+    job = {"ranks_per_node": 4, "cpus_per_rank": 2, "threads_per_core": 2, "gpus_per_rank": 1}
+    slots = _slots(name, **job)
+    assert [s.cpus for s in slots] == tasks
+    assert [s.gpus for s in slots] == [(0,), (1,), (2,), (3,)]
+    text = render_plan(make_plan(name, nodes=1, command=["./mpi+gpu"], **job))
+    opts = _flux_options(text)
+    assert opts["cpu-affinity"] == MI300A_MAP  # the tutorial's own string
+    assert [cpuset.parse(c) for c in opts["cpu-affinity"].removeprefix("map:").split(";")] == tasks
+    assert [cpuset.parse(g) for g in opts["gpu-affinity"].removeprefix("map:").split(";")] == [
+        (0,),
+        (1,),
+        (2,),
+        (3,),
+    ]
+    # module4.md's geometry words: -N1 -n4, `-c<ncores-per-task>` (cores, 2 here), -g1.
+    words = shlex.split(next(ln for ln in text.splitlines() if ln.startswith("flux run ")))
+    assert words[2:10] == ["-N", "1", "-n", "4", "-c", "2", "-g", "1"]
+
+
+@pytest.mark.parametrize("name", ["tuolumne", "el-capitan"])
+def test_el_capitan_systems_default_rank_per_apu(name: str) -> None:
+    """The default job, one rank per APU: rank i on all 24 cores local to GPU i (24i..24i+23, module4.md) and,
+    since Flux gives a task both hardware threads of its cores ("one core per task (two hardware threads or
+    CPUs per task)"), their second threads 96+24i..96+24i+23 ("88-89,184-185": core c's sibling is c+96)."""
+    slots = _slots(name)
+    assert [s.cores for s in slots] == [tuple(range(24 * i, 24 * i + 24)) for i in range(4)]
+    assert [s.cpus for s in slots] == [
+        cpuset.parse(f"{24 * i}-{24 * i + 23},{96 + 24 * i}-{96 + 24 * i + 23}") for i in range(4)
+    ]
+    assert [s.gpus for s in slots] == [(i,) for i in range(4)]
+    opts = _flux_options(render_plan(make_plan(name, nodes=1, command=["./mpi+gpu"])))
+    assert opts["cpu-affinity"] == "map:0-23,96-119;24-47,120-143;48-71,144-167;72-95,168-191"
+    assert opts["gpu-affinity"] == "map:0;1;2;3"
