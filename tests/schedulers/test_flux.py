@@ -193,6 +193,19 @@ def test_map_format_flux() -> None:
     )
 
 
+def test_map_format_flux_quotes_map_affinity() -> None:
+    """`map:` values hold `;` between tasks: the printed line must survive being pasted into a shell."""
+    import shlex
+
+    res = cli("map", "--profile", "tuolumne", "--nodes", "1", "--format", "flux")
+    assert res.returncode == 0, res.stderr
+    words = shlex.split(res.stdout)
+    assert words[:2] == ["flux", "run"]
+    cpu = next(w for w in words if w.startswith("cpu-affinity="))
+    assert cpu == "cpu-affinity=map:0-23,96-119;24-47,120-143;48-71,144-167;72-95,168-191"
+    assert "gpu-affinity=map:0;1;2;3" in words
+
+
 @pytest.mark.parametrize(("nodes", "rpn"), [(1, 2), (2, 4)])
 def test_map_affinity_binds_the_rankmap_devices(nodes: int, rpn: int, tmp_path: Path) -> None:
     """`site.flux.cpu_affinity: map` and `gpu_affinity: map`: flux run gets the RankMap's own CPUs and GPUs

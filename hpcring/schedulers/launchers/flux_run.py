@@ -9,6 +9,7 @@ Flux counts cores, not hardware threads: `-c` is the rank's physical cores.
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Sequence
 
 from hpcring.schedulers import cpuset
@@ -62,4 +63,5 @@ class FluxRun(Launcher):
         return ["flux", "run", *flags(rm), *command]
 
     def map_text(self, rm: RankMap, paths: dict[str, str]) -> str:
-        return " ".join(["flux", "run", *flags(rm)]) + "\n"
+        """Quoted as a shell would need it: a `map:` value holds `;` between tasks."""
+        return shlex.join(["flux", "run", *flags(rm)]) + "\n"
