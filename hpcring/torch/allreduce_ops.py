@@ -17,7 +17,7 @@ from hpcring.torch.op_handles import (
     _register,
     _submit_group,
     handle_average_backwards_compatibility,
-    synchronize,
+    wait_now,
 )
 from hpcring.torch.tensors import _check_dtype, _check_scale, _shares, _submit, _view, fresh_output
 
@@ -101,7 +101,7 @@ class HorovodAllreduce(torch.autograd.Function):  # type: ignore[misc]
         ctx: Any, tensor: Any, average: Any, name: Any, op: Any, pre: float, post: float, ps: Any
     ) -> Any:
         ctx.average, ctx.op, ctx.pre, ctx.post, ctx.ps = average, op, pre, post, ps
-        return synchronize(allreduce_async(tensor, average, name, op, pre, post, ps))
+        return wait_now(lambda: allreduce_async(tensor, average, name, op, pre, post, ps))
 
     @staticmethod
     def backward(ctx: Any, grad_output: Any) -> Any:
@@ -144,8 +144,8 @@ def allreduce_(
     process_set: ProcessSet = global_process_set,
 ) -> Any:
     """In-place allreduce; returns `tensor`."""
-    return synchronize(
-        allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor, process_set)
+    return wait_now(
+        lambda: allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor, process_set)
     )
 
 
@@ -208,7 +208,9 @@ class HorovodGroupedAllreduce(torch.autograd.Function):  # type: ignore[misc]
         ctx: Any, average: Any, name: Any, op: Any, pre: float, post: float, ps: Any, *tensors: Any
     ) -> Any:
         ctx.average, ctx.op, ctx.pre, ctx.post, ctx.ps = average, op, pre, post, ps
-        return tuple(synchronize(grouped_allreduce_async(list(tensors), average, name, op, pre, post, ps)))
+        return tuple(
+            wait_now(lambda: grouped_allreduce_async(list(tensors), average, name, op, pre, post, ps))
+        )
 
     @staticmethod
     def backward(ctx: Any, *grad_outputs: Any) -> Any:
@@ -251,7 +253,9 @@ def grouped_allreduce_(
     process_set: ProcessSet = global_process_set,
 ) -> list[Any]:
     """In-place grouped allreduce; returns the tensors."""
-    result: list[Any] = synchronize(
-        grouped_allreduce_async_(tensors, average, name, op, prescale_factor, postscale_factor, process_set)
+    result: list[Any] = wait_now(
+        lambda: grouped_allreduce_async_(
+            tensors, average, name, op, prescale_factor, postscale_factor, process_set
+        )
     )
     return result

@@ -26,6 +26,7 @@ from hpcring.torch.op_handles import (
     _register,
     _submit_group,
     synchronize,
+    wait_now,
 )
 from hpcring.torch.tensors import (
     _check_dtype,
@@ -62,7 +63,7 @@ class HorovodAllgather(torch.autograd.Function):  # type: ignore[misc]
     @staticmethod
     def forward(ctx: Any, tensor: Any, name: Any, ps: Any) -> Any:
         ctx.dim, ctx.ps = tensor.shape[0], ps
-        return synchronize(allgather_async(tensor, name, ps))
+        return wait_now(lambda: allgather_async(tensor, name, ps))
 
     @staticmethod
     def backward(ctx: Any, grad_output: Any) -> Any:
@@ -92,7 +93,7 @@ class HorovodGroupedAllgather(torch.autograd.Function):  # type: ignore[misc]
     @staticmethod
     def forward(ctx: Any, name: Any, ps: Any, *tensors: Any) -> Any:
         ctx.dims, ctx.ps = [t.shape[0] for t in tensors], ps
-        return tuple(synchronize(grouped_allgather_async(list(tensors), name, ps)))
+        return tuple(wait_now(lambda: grouped_allgather_async(list(tensors), name, ps)))
 
     @staticmethod
     def backward(ctx: Any, *grads: Any) -> Any:
@@ -177,7 +178,7 @@ class HorovodBroadcast(torch.autograd.Function):  # type: ignore[misc]
     @staticmethod
     def forward(ctx: Any, tensor: Any, root_rank: int, name: Any, ps: Any) -> Any:
         ctx.root_rank, ctx.ps = root_rank, ps
-        return synchronize(broadcast_async(tensor, root_rank, name, ps))
+        return wait_now(lambda: broadcast_async(tensor, root_rank, name, ps))
 
     @staticmethod
     def backward(ctx: Any, grad_output: Any) -> Any:
@@ -198,7 +199,7 @@ def broadcast_(
     tensor: Any, root_rank: int, name: str | None = None, process_set: ProcessSet = global_process_set
 ) -> Any:
     """In-place broadcast; returns `tensor`."""
-    return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
+    return wait_now(lambda: broadcast_async_(tensor, root_rank, name, process_set))
 
 
 # ---------------------------------------------------------------------- alltoall
@@ -268,7 +269,7 @@ class HorovodAlltoall(torch.autograd.Function):  # type: ignore[misc]
     @staticmethod
     def forward(ctx: Any, tensor: Any, splits: Any, name: Any, ps: Any) -> Any:
         ctx.ps = ps
-        output, received = synchronize(alltoall_async(tensor, splits, name, ps))
+        output, received = wait_now(lambda: alltoall_async(tensor, splits, name, ps))
         ctx.recvsplits = received
         ctx.mark_non_differentiable(received)
         return output, received
@@ -340,7 +341,7 @@ class HorovodReducescatter(torch.autograd.Function):  # type: ignore[misc]
     @staticmethod
     def forward(ctx: Any, tensor: Any, name: Any, op: Any, ps: Any, pre: float, post: float) -> Any:
         ctx.op, ctx.ps, ctx.scale = op, ps, float(pre) * float(post)
-        return synchronize(reducescatter_async(tensor, name, op, ps, pre, post))
+        return wait_now(lambda: reducescatter_async(tensor, name, op, ps, pre, post))
 
     @staticmethod
     def backward(ctx: Any, grad_output: Any) -> Any:
@@ -394,7 +395,7 @@ class HorovodGroupedReducescatter(torch.autograd.Function):  # type: ignore[misc
     @staticmethod
     def forward(ctx: Any, name: Any, op: Any, ps: Any, pre: float, post: float, *tensors: Any) -> Any:
         ctx.op, ctx.ps, ctx.scale = op, ps, float(pre) * float(post)
-        return tuple(synchronize(grouped_reducescatter_async(list(tensors), name, op, ps, pre, post)))
+        return tuple(wait_now(lambda: grouped_reducescatter_async(list(tensors), name, op, ps, pre, post)))
 
     @staticmethod
     def backward(ctx: Any, *grads: Any) -> Any:

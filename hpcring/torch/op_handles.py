@@ -116,6 +116,17 @@ def poll(handle: int) -> bool:
     return all(h.done() for h in pending.handles)
 
 
+def wait_now(start: Callable[[], Any]) -> Any:
+    """Start an op and wait for it at once (the synchronous ops): queued without waking the engine thread, so
+    that this thread can run the cycle itself when the engine is idle (engine/inline.py)."""
+    engine = basics._engine
+    if engine is None:
+        return synchronize(start())
+    with engine.deferred_wake():
+        handle = start()
+    return synchronize(handle)
+
+
 def synchronize(handle: Any) -> Any:
     """Wait for an async operation and return its output (HorovodInternalError if it failed on the ranks)."""
     if callable(handle):  # sparse_allreduce_async returns a closure, as Horovod
@@ -124,7 +135,10 @@ def synchronize(handle: Any) -> Any:
     if pending is None:
         return None
     results = []
+    engine = basics._engine
     for h in pending.handles:
+        if engine is not None and not h.done():
+            engine.run_inline(h)  # a lone op on an idle engine: this thread runs the cycle (inline.py)
         results.append(h.wait())
     return pending.finish(results)
 

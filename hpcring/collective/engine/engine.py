@@ -27,7 +27,6 @@ values), `agreement.py` (settings checked at start), `device.py` (the device dat
 from __future__ import annotations
 
 import atexit
-import contextlib
 import dataclasses
 import logging
 import queue
@@ -44,6 +43,7 @@ from hpcring.collective.engine.agreement import _check_settings_agree
 from hpcring.collective.engine.bits import _NO_ABORT, _NO_SHUTDOWN
 from hpcring.collective.engine.device import DevicePlane
 from hpcring.collective.engine.execution import Execution
+from hpcring.collective.engine.inline import Inline, wake_deferred
 from hpcring.collective.engine.negotiation import Negotiation
 from hpcring.collective.engine.request import Handle, OpType, Request, Signature
 from hpcring.collective.engine.responses import (
@@ -66,7 +66,7 @@ log = logging.getLogger("hpcring.engine")
 _IDLE_WAIT_S = 0.02
 
 
-class Engine(Negotiation, Execution):
+class Engine(Negotiation, Execution, Inline):
     """The per-process engine. Construct on the main thread (collective over the world); then use `submit`."""
 
     def __init__(
@@ -94,6 +94,7 @@ class Engine(Negotiation, Execution):
         self._stop_reason: str | None = None
         self._stopped = threading.Event()
         self._closed = False
+        self._init_inline()
         self._cycle_no = 0
         self._tunes = 0  # Engine.tune calls on this rank: numbers their names
         self._timeline: Timeline | None = None
@@ -102,7 +103,7 @@ class Engine(Negotiation, Execution):
         _check_settings_agree(world.comm, settings, self._chunk, self._shm_slot)
         self._buffer = self._mpi.buffer  # an array's memory: address, size, read-only flag (zero-copy check)
         self._device: DevicePlane | None = None  # batches of device tensors (device.py), built on first use
-        # Counters for tests and benchmarks (written by the engine thread only).
+        # Counters for tests and benchmarks (written by whichever thread holds the cycle lock).
         self.stats = {
             "cycles": 0,
             "exchanges": 0,
@@ -114,6 +115,7 @@ class Engine(Negotiation, Execution):
             "no_unpack": 0,  # fused batches reduced straight into the callers' adjacent outputs
             "shm": 0,  # fused batches reduced through the node's shared-memory segment
             "tunes": 0,  # Engine.tune requests applied
+            "inline": 0,  # waits whose cycles the waiting thread ran itself (inline.py)
         }
         self._configure_logging()
         root = world.subset(range(world.size))  # the engine's own communicators, never the caller's
@@ -139,7 +141,8 @@ class Engine(Negotiation, Execution):
                 raise _duplicate(name)
             st.inflight[name] = req
             st.incoming.append(req)
-        self._wake.put(None)
+        if not wake_deferred():
+            self._wake.put(None)
         return req.handle
 
     def submit_many(self, reqs: Sequence[Request]) -> None:
@@ -159,7 +162,8 @@ class Engine(Negotiation, Execution):
                 st.incoming.extend(reqs)
             else:
                 self._submit_mixed(reqs, names, set_ids)
-        self._wake.put(None)
+        if not wake_deferred():
+            self._wake.put(None)
 
     def _shut_down(self) -> CollectiveError:
         return CollectiveError(f"hpcring engine is shut down ({self._stop_reason or 'shutdown() called'})")
@@ -339,11 +343,17 @@ class Engine(Negotiation, Execution):
 
     def _run(self) -> None:
         try:
+            woken = False
             while True:
                 start = time.monotonic()
-                if self._cycle():
-                    break
-                self._sleep(start, self.settings.cycle_time_ms / 1000.0)  # Engine.tune may change it
+                with self._cycle_lock:  # a caller may be running the cycle itself (inline.py)
+                    if self._take_inline_end():
+                        break
+                    with self._lock:  # woken for a submit a caller already completed: no cycle
+                        idle = woken and not self._closed and not self._work_pending()
+                    if not idle and self._cycle():
+                        break
+                woken = self._sleep(start, self.settings.cycle_time_ms / 1000.0)  # tune may change it
         except BaseException as exc:  # the thread must never die silently: callers would wait forever
             log.exception("hpcring engine thread failed")
             self._stop_reason = f"engine thread failed: {exc!r}"
@@ -354,8 +364,9 @@ class Engine(Negotiation, Execution):
             for st in sets:
                 self._fail_set(st, f"hpcring shut down: {self._stop_reason or 'a rank shut down'}")
 
-    def _sleep(self, start: float, period: float) -> None:
-        """Wait for the next cycle.
+    def _sleep(self, start: float, period: float) -> bool:
+        """Wait for the next cycle; True when a submit woke an idle thread (the submitter may have run the
+        cycle itself meanwhile, inline.py), False when the cycle is due anyway.
 
         With requests in flight the next cycle starts `period` after this one (the fusion window: requests
         submitted meanwhile are negotiated together). With nothing in flight on this rank the thread waits for
@@ -370,17 +381,20 @@ class Engine(Negotiation, Execution):
             wake.get_nowait()
         with self._lock:
             if self._closed:
-                return
+                return False
             if any(st.incoming for st in self._sets.values()):
-                return
+                return False
             locally_idle = not any(st.inflight for st in self._sets.values())
         if locally_idle:
-            with contextlib.suppress(queue.Empty):  # a submit after the check above left a token: no wait
+            try:  # a submit after the check above left a token: no wait
                 wake.get(timeout=max(period, _IDLE_WAIT_S))
-            return
+            except queue.Empty:
+                return False
+            return True
         delay = start + period - time.monotonic()
         if delay > 0:
             time.sleep(delay)
+        return False
 
     def _cycle(self) -> bool:
         """One negotiation cycle over every set this rank is in; True when the engine must stop."""

@@ -158,3 +158,49 @@ def test_tune_applies_rank_zeros_values_on_every_rank(engine: Engine, world: Top
     assert engine.tune(*old).wait() == old  # every rank passes the same values: the same result
     with pytest.raises(ValueError, match="fusion_threshold"):
         engine.tune(-1)
+
+
+def test_inline_a_lone_synchronous_request_runs_on_the_waiting_thread(engine: Engine, world: Topology) -> None:
+    """inline.py: a lone host request on an idle engine is cycled by the thread that waits for it; results
+    are the same, and ranks that wait inline and ranks that leave it to their engine thread pair up."""
+    n, r = world.size, world.rank
+    before = engine.stats["inline"]
+    for i in range(40):
+        h = submit(engine, OpType.ALLREDUCE, "inline.lone", np.full(3, float(r + i)))
+        if r % 2 == 0 or i % 3 == 0:  # odd ranks mostly leave it to the engine thread
+            engine.run_inline(h)
+        np.testing.assert_array_equal(h.wait(), np.full(3, float(n * (n - 1) // 2 + n * i)))
+    assert engine.stats["inline"] - before >= (20 if r % 2 == 0 else 5)
+
+
+def test_inline_declines_when_other_work_is_in_flight(engine: Engine, world: Topology) -> None:
+    """Two requests in flight: the waiter does not take over (it blocks as before) and both complete."""
+    n, r = world.size, world.rank
+    before = engine.stats["inline"]
+    first = submit(engine, OpType.ALLREDUCE, "inline.busy.0", np.full(2, float(r)))
+    second = submit(engine, OpType.ALLREDUCE, "inline.busy.1", np.full(2, 1.0))
+    engine.run_inline(first)
+    if not first.done():  # declined: two requests were in flight
+        assert engine.stats["inline"] == before
+    np.testing.assert_array_equal(first.wait(), np.full(2, float(n * (n - 1) // 2)))
+    np.testing.assert_array_equal(second.wait(), np.full(2, float(n)))
+
+
+def test_a_peer_shutting_down_ends_an_inline_wait(world: Topology) -> None:
+    """A rank waiting inline when its peers shut down gets an error, not a hang: the inline cycle sees the
+    shutdown flag and hands the stop to the engine thread, which fails the handle."""
+    if world.size == 1:
+        pytest.skip("needs a peer")
+    e = Engine(world, EngineSettings())
+    try:
+        if world.rank == 0:
+            h = submit(e, OpType.ALLREDUCE, "inline.orphan", np.ones(2))
+            e.run_inline(h)
+            with pytest.raises(CollectiveError, match="shut down"):
+                h.wait(timeout=60)
+            assert not e.running or e._stopped.wait(30)
+        else:
+            time.sleep(0.2)  # let rank 0 start waiting inline
+            e.shutdown("rank shuts down on purpose")
+    finally:
+        e.shutdown()
