@@ -127,8 +127,9 @@ class _DistributedOptimizer:
         if bucket_cap_mb < 0:
             raise ValueError(f"bucket_cap_mb must be >= 0 (0: one request per gradient), got {bucket_cap_mb}")
         self._bucket_cap = int(bucket_cap_mb * (1 << 20))
-        self._tuned = self._reduces()  # HOROVOD_AUTOTUNE times the steps of optimizers that reduce
-        if self._tuned:
+        self._reducing = self._reduces()
+        self._tuned = self._reducing  # HOROVOD_AUTOTUNE times the steps of optimizers that reduce
+        if self._reducing:
             self._register_hooks()
 
     def _reduces(self) -> bool:
@@ -401,7 +402,7 @@ class _DistributedOptimizer:
 
     def synchronize(self) -> None:
         """Wait for every gradient reduction and write the results into `p.grad` (e.g. to clip them)."""
-        if not self.process_set.included():
+        if not self._reducing:  # one rank (as Horovod: no hooks, nothing to reduce) or outside the set
             self._synchronized = True
             return
         hvd = _hvd()

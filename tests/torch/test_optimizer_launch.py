@@ -36,8 +36,10 @@ def test_data_parallel_contracts_on_every_rank(hpcring_run: RunRanks, np: int, n
 
 
 @pytest.mark.mpi
-def test_gradient_buckets_at_one_rank(hpcring_run: RunRanks) -> None:
-    """At one rank nothing is reduced (no hooks, as Horovod): the bucket tests must still hold there."""
-    proc = hpcring_run(1, ranked_pytest(f"{TESTS}/test_buckets_ranked.py"), timeout=200)
+def test_gradient_buckets_and_optimizer_at_one_rank(hpcring_run: RunRanks) -> None:
+    """At one rank nothing is reduced (no hooks, as Horovod), in the first step or any later one: the
+    bucket and optimizer tests must still hold there."""
+    files = (f"{TESTS}/test_buckets_ranked.py", f"{TESTS}/test_optimizer_ranked.py")
+    proc = hpcring_run(1, ranked_pytest(*files), timeout=200)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     assert re.search(r"^\[0\]<stdout>:\d+ passed", proc.stdout, re.M), proc.stdout[-2000:]
