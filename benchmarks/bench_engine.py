@@ -193,7 +193,7 @@ def bench_latency(world: Any, iters: int) -> dict[str, float]:
         def step_inline() -> None:  # what hpcring.torch's synchronize does: the waiter runs the cycle
             with engine.deferred_wake():
                 handle = engine.submit(allreduce_requests("latency", [x], [np.empty_like(x)])[0])
-            engine.run_inline(handle)
+            engine.run_inline(handle, deferred=True)
             handle.wait()
 
         through = timed(world.comm, iters, 20, step)

@@ -124,6 +124,11 @@ def wait_now(start: Callable[[], Any]) -> Any:
         return synchronize(start())
     with engine.deferred_wake():
         handle = start()
+    pending = _handle_map.get(handle)
+    if pending is not None and len(pending.handles) == 1:
+        engine.run_inline(pending.handles[0], deferred=True)
+    else:  # a group (or an op that queued nothing): the engine thread runs it
+        engine.wake()
     return synchronize(handle)
 
 
@@ -135,10 +140,7 @@ def synchronize(handle: Any) -> Any:
     if pending is None:
         return None
     results = []
-    engine = basics._engine
     for h in pending.handles:
-        if engine is not None and not h.done():
-            engine.run_inline(h)  # a lone op on an idle engine: this thread runs the cycle (inline.py)
         results.append(h.wait())
     return pending.finish(results)
 

@@ -93,8 +93,8 @@ class Inline:
     @contextmanager
     def deferred_wake(self) -> Iterator[None]:
         """Requests submitted by this thread inside the block do not wake the engine thread: the caller is
-        about to wait for them and `run_inline` (which wakes it when it does not run the cycle) comes next.
-        Saves a spurious wake-up of the engine thread per synchronous op."""
+        about to wait for them and `run_inline(..., deferred=True)` (which wakes it when it does not run the
+        cycle) comes next. Saves a spurious wake-up of the engine thread per synchronous op."""
         _defer.on = True
         try:
             yield
@@ -104,12 +104,13 @@ class Inline:
         finally:
             _defer.on = False
 
-    def run_inline(self, handle: Handle) -> None:
+    def run_inline(self, handle: Handle, deferred: bool = False) -> None:
         """Run cycles on this thread until `handle` is done, when that is allowed (see the module); return at
-        once otherwise, and the caller blocks in `handle.wait()` as usual."""
-        try:
-            if handle.done() or self._timeline is not None or not self._cycle_lock.acquire(blocking=False):
-                return
+        once otherwise, and the caller blocks in `handle.wait()` as usual. `deferred`: the request was queued
+        inside `deferred_wake`, so the engine thread must be woken when this thread does not run it."""
+        if handle.done():
+            return
+        if self._timeline is None and self._one_in_flight() and self._cycle_lock.acquire(blocking=False):
             try:
                 with self._lock:
                     allowed = not self._closed and self._inline_end is None and self._lone_request(handle)
@@ -118,11 +119,21 @@ class Inline:
                     self._cycles_until(handle)
             finally:
                 self._cycle_lock.release()
-        finally:  # whatever is left (or was queued with the wake deferred) is the engine thread's
-            with self._lock:
+            with self._lock:  # what is left (another thread's request, a stop) is the engine thread's
                 left = self._work_pending() or self._inline_end is not None
             if left:
                 self._wake.put(None)
+        elif deferred:
+            self._wake.put(None)
+
+    def wake(self) -> None:
+        """Wake the engine thread (after `deferred_wake`, when the caller does not run the cycle itself)."""
+        self._wake.put(None)
+
+    def _one_in_flight(self) -> bool:
+        """A lock-free first look (dict sizes): exactly one request in flight on this rank. The full check
+        runs under the locks; this keeps a wait among many in flight from taking them at all."""
+        return sum(len(st.inflight) for st in list(self._sets.values())) == 1
 
     def _cycles_until(self, handle: Handle) -> None:
         """The engine thread's loop, run by the caller (cycle lock held) until its handle is done."""
