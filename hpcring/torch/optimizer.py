@@ -67,14 +67,14 @@ class _DistributedOptimizer:
     # Set by `_setup`; declared for readers and type checkers.
     _compression: type[Compressor]
     _parameter_names: dict[Any, str]
-    _allreduce_delay: dict[Any, int]
+    _allreduce_delay: dict[int, int]  # id(parameter) -> backward passes left before its reduction
     _requires_update: list[Any]
     _handles: dict[_Key, tuple[Any, Any]]
     _p_to_group: dict[Any, tuple[Any, ...]]
     _group_counts: dict[tuple[Any, ...], int]
     _hook_handles: list[Any]
     _buckets: list[bucketing.Bucket] | None  # None: this step reduces per tensor (learning the order)
-    _slot: dict[Any, tuple[bucketing.Bucket, Any]]  # bucketed parameter -> (its bucket, its view)
+    _slot: dict[int, tuple[bucketing.Bucket, Any]]  # id(bucketed parameter) -> (its bucket, its view)
     _loose: list[
         Any
     ]  # reduced parameters outside every bucket (sparse gradients; all before the first build)
@@ -98,7 +98,7 @@ class _DistributedOptimizer:
         self._compression = compression
         self._parameter_names = self._validated_names(named_parameters)
         self.backward_passes_per_step = backward_passes_per_step
-        self._allreduce_delay = {p: backward_passes_per_step for p in self._parameter_names}
+        self._allreduce_delay = {id(p): backward_passes_per_step for p in self._parameter_names}
         self.op = op
         self.gradient_predivide_factor = gradient_predivide_factor
         self.sparse_as_dense = sparse_as_dense
@@ -197,7 +197,7 @@ class _DistributedOptimizer:
             if p not in self._parameter_names:  # added with add_param_group: named by its position
                 index = next(i for i, q in enumerate(flat) if q is p)
                 self._parameter_names[p] = f"allreduce.added.{index}"
-            self._allreduce_delay.setdefault(p, self.backward_passes_per_step)
+            self._allreduce_delay.setdefault(id(p), self.backward_passes_per_step)
             self._hook(p)
         self._requires_update = current
         self._loose = list(current)
@@ -286,27 +286,32 @@ class _DistributedOptimizer:
         return handle, ctxs
 
     def _make_hook(self, p: Any) -> Any:
+        # Dicts on this path are keyed by id(p): a tensor's own __hash__ is a Python call, and a step runs
+        # this hook once per gradient and backward pass.
+        pid = id(p)
+
         def hook(*_: Any) -> None:
             if self._check_due:
                 self._check_due = False
                 self._check_layout()
-            slot = self._slot.get(p)
+            slot = self._slot.get(pid)
             if slot is None:
                 self._tensor_hook(p)
             else:
-                self._bucket_hook(p, slot)
+                self._bucket_hook(p, pid, slot)
 
         return hook
 
-    def _bucket_hook(self, p: Any, slot: tuple[bucketing.Bucket, Any]) -> None:
+    def _bucket_hook(self, p: Any, pid: int, slot: tuple[bucketing.Bucket, Any]) -> None:
         """A bucketed gradient is ready: make sure it lives in its view, count it, submit a full bucket."""
-        left = self._allreduce_delay[p]
+        delay = self._allreduce_delay
+        left = delay[pid]
         if left <= 0:
             raise AssertionError(
                 "Gradients were computed more than backward_passes_per_step times before call to step(). "
                 "Increase backward_passes_per_step to accumulate gradients locally."
             )
-        self._allreduce_delay[p] = left - 1
+        delay[pid] = left - 1
         self._hooked = True
         bucket, view = slot
         grad = p.grad
@@ -356,13 +361,14 @@ class _DistributedOptimizer:
                 self._sparse.add(id(p))
         # Every pass beyond backward_passes_per_step before step(): a parameter whose reduction already
         # started (alone, or as a member of a group, whose entry has no handle of its own).
-        if self._allreduce_delay[p] <= 0:
+        pid = id(p)
+        if self._allreduce_delay[pid] <= 0:
             raise AssertionError(
                 "Gradients were computed more than backward_passes_per_step times before call to step(). "
                 "Increase backward_passes_per_step to accumulate gradients locally."
             )
-        self._allreduce_delay[p] -= 1
-        if self._allreduce_delay[p] > 0:
+        self._allreduce_delay[pid] -= 1
+        if self._allreduce_delay[pid] > 0:
             self._handles[p] = (None, None)
             return
         group = self._p_to_group.get(p) if self._buckets is None else None
@@ -422,14 +428,16 @@ class _DistributedOptimizer:
         for key, (handle, ctx) in self._handles.items():
             if isinstance(key, tuple):
                 for p, output, pctx in zip(key, hvd.synchronize(handle), ctx, strict=True):
-                    self._allreduce_delay[p] = self.backward_passes_per_step
+                    self._allreduce_delay[id(p)] = self.backward_passes_per_step
                     _write_grad(p, self._compression.decompress(output, pctx))
             else:
                 output = handle() if callable(handle) else hvd.synchronize(handle)
-                self._allreduce_delay[key] = self.backward_passes_per_step
+                self._allreduce_delay[id(key)] = self.backward_passes_per_step
                 _write_grad(key, self._compression.decompress(output, ctx) if ctx is not None else output)
         self._handles.clear()
-        self._allreduce_delay.update(dict.fromkeys(self._requires_update, self.backward_passes_per_step))
+        self._allreduce_delay.update(
+            dict.fromkeys(map(id, self._requires_update), self.backward_passes_per_step)
+        )
         self._hooked = False
         self._check_due = True
         self._synchronized = True
@@ -472,8 +480,8 @@ class _DistributedOptimizer:
                 f"train ({', '.join(missing[:5])}); every rank must train the same parameters"
             )
         self._buckets = bucketing.allocate(spec, by_name, self._generation)
-        self._slot = {p: (b, v) for b in self._buckets for p, v in zip(b.params, b.views, strict=True)}
-        self._loose = [p for p in self._requires_update if p not in self._slot]
+        self._slot = {id(p): (b, v) for b in self._buckets for p, v in zip(b.params, b.views, strict=True)}
+        self._loose = [p for p in self._requires_update if id(p) not in self._slot]
         self._order = {}
 
     @contextmanager
