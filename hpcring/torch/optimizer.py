@@ -127,8 +127,7 @@ class _DistributedOptimizer:
         if bucket_cap_mb < 0:
             raise ValueError(f"bucket_cap_mb must be >= 0 (0: one request per gradient), got {bucket_cap_mb}")
         self._bucket_cap = int(bucket_cap_mb * (1 << 20))
-        self._reducing = self._reduces()
-        self._tuned = self._reducing  # HOROVOD_AUTOTUNE times the steps of optimizers that reduce
+        self._reducing = self._reduces()  # also: HOROVOD_AUTOTUNE times the steps of optimizers that reduce
         if self._reducing:
             self._register_hooks()
 
@@ -495,7 +494,7 @@ class _DistributedOptimizer:
 
     def step(self, closure: Any = None) -> Any:
         """Wait for the averaged gradients, then apply the wrapped optimizer's update."""
-        if self._tuned:
+        if self._reducing:
             autotune.on_step(self.process_set)  # HOROVOD_AUTOTUNE: a no-op when off or once it is done
         if self._should_synchronize:
             if self._synchronized:

@@ -349,9 +349,7 @@ class Engine(Negotiation, Execution, Inline):
                 with self._cycle_lock:  # a caller may be running the cycle itself (inline.py)
                     if self._take_inline_end():
                         break
-                    with self._lock:  # woken for a submit a caller already completed: no cycle
-                        idle = woken and not self._closed and not self._work_pending()
-                    if not idle and self._cycle():
+                    if not (woken and self._nothing_to_do()) and self._cycle():
                         break
                 woken = self._sleep(start, self.settings.cycle_time_ms / 1000.0)  # tune may change it
         except BaseException as exc:  # the thread must never die silently: callers would wait forever
@@ -384,7 +382,7 @@ class Engine(Negotiation, Execution, Inline):
                 return False
             if any(st.incoming for st in self._sets.values()):
                 return False
-            locally_idle = not any(st.inflight for st in self._sets.values())
+            locally_idle = not self._work_pending()
         if locally_idle:
             try:  # a submit after the check above left a token: no wait
                 wake.get(timeout=max(period, _IDLE_WAIT_S))

@@ -75,6 +75,12 @@ class Inline:
         """Anything in flight on this rank (engine lock held by the caller)."""
         return any(st.inflight for st in self._sets.values())
 
+    def _nothing_to_do(self) -> bool:
+        """For the engine thread after a submit woke it: the submitter already ran the cycle (inline) and
+        nothing else is in flight, so no cycle is needed."""
+        with self._lock:
+            return not self._closed and not self._work_pending()
+
     def _lone_request(self, handle: Handle) -> bool:
         """The handle's request is this rank's only request in flight, a small host request not yet taken
         in by a cycle (engine lock held by the caller)."""
