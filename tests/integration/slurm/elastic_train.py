@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "elastic"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "elastic"))
 import elastic_trainer  # the training tests/elastic/train_program.py runs too
 
 import hpcring.torch as hvd
