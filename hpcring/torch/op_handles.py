@@ -7,7 +7,6 @@ import itertools
 import threading
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from hpcring import _deps
@@ -73,13 +72,18 @@ def _op_name(op: Any, what: str) -> str:
 # ---------------------------------------------------------------------- handles
 
 
-@dataclass
 class _Pending:
-    """What synchronize() needs for one handle: the engine handles and how to build the result."""
+    """What synchronize() needs for one handle: the engine handles, how to build the result, and the inputs
+    kept alive until completion. Slotted with a plain __init__: one is built per async op."""
 
-    handles: list[Handle]
-    finish: Callable[[list[Any]], Any]
-    keep: list[Any] = field(default_factory=list)  # inputs kept alive until completion
+    __slots__ = ("finish", "handles", "keep")
+
+    def __init__(
+        self, handles: list[Handle], finish: Callable[[list[Any]], Any], keep: list[Any] | None = None
+    ) -> None:
+        self.handles = handles
+        self.finish = finish
+        self.keep = keep
 
 
 _handle_map: dict[int, _Pending] = {}
@@ -145,7 +149,15 @@ def synchronize(handle: Any) -> Any:
     return pending.finish(results)
 
 
-_tls = threading.local()
+class _Batch(threading.local):
+    """Per thread: the requests of the grouped call being built (`_submit_group`), else None. A class-level
+    default, not `getattr(local, "batch", None)`: that raises and catches an AttributeError inside on every
+    submit of a thread that never grouped (0.3 us of a 5 us submit)."""
+
+    batch: list[Any] | None = None
+
+
+_tls = _Batch()
 
 
 def _submit_group(make: Callable[[], list[int]]) -> int:

@@ -63,8 +63,11 @@ def _view(t: Any) -> _View:
     c = t.detach() if t.requires_grad else t
     if c.is_cpu:
         engine = basics._engine
-        gloo = engine is not None and engine.settings.cpu_device_plane == "gloo"
-        route = device_plane.CPU_GLOO if gloo else "cpu"
+        if engine is None or engine.settings.cpu_device_plane != "gloo":  # the host path: no route lookups
+            if not c.is_contiguous():
+                c = c.contiguous()
+            return _View(c, numpy_view(c) if c.dtype is _BFLOAT16 else c.numpy(), "cpu")
+        route = device_plane.CPU_GLOO
     else:
         route = _device_route(c.device.type)
     if route in device_plane.ROUTES:
@@ -79,6 +82,7 @@ def _view(t: Any) -> _View:
     return _View(c, numpy_view(c), route)
 
 
+_BFLOAT16 = torch.bfloat16  # numpy has no bfloat16: numpy_view goes through ml_dtypes' type
 _HOST_ONLY = frozenset(getattr(torch, name) for name in device_plane.HOST_ONLY_DTYPES)
 
 # device type -> "cuda" (the device plane) or "<type>+host" (staged through host memory, reduced on the host
@@ -192,7 +196,7 @@ def _submit(
         device,
     )
     req = Request(sig, set_id, data, out, splits)
-    batch: list[Request] | None = getattr(_tls, "batch", None)
+    batch: list[Request] | None = _tls.batch
     if batch is not None:  # inside a grouped call: queued together by _submit_group
         batch.append(req)
         return req.handle

@@ -5,6 +5,7 @@ tests/ranked/torch_ops.)"""
 from __future__ import annotations
 
 import json
+import queue
 import threading
 import time
 from pathlib import Path
@@ -446,3 +447,39 @@ def test_a_fused_batch_on_one_rank_is_its_input_copied_and_scaled() -> None:
     np.testing.assert_array_equal(out_a, 3.0 * a.reshape(2, 3))
     np.testing.assert_array_equal(b, 3 * np.arange(4).reshape(2, 2))
     np.testing.assert_array_equal(a, np.arange(6))
+
+
+def test_signature_shape_keeps_trailing_dims_of_ragged_ops_only() -> None:
+    from hpcring.collective.engine.request import signature_shape
+
+    for op in OpType:
+        ragged = op in (OpType.ALLGATHER, OpType.ALLTOALL)
+        assert signature_shape(op, (5, 3, 2)) == ((-1, 3, 2) if ragged else (5, 3, 2))
+        assert signature_shape(op, ()) == ()
+
+
+def test_deferred_wake_is_per_thread_and_off_in_a_new_thread() -> None:
+    """A thread inside `deferred_wake` must not silence another thread's wake-ups (the flag is a
+    thread-local with a class-level default, read on every submit)."""
+    from hpcring.collective.engine import inline
+
+    class Fake(inline.Inline):
+        def __init__(self) -> None:
+            self._wake = queue.SimpleQueue()
+
+    seen: list[bool] = []
+    inside, release = threading.Event(), threading.Event()
+
+    def other() -> None:
+        inside.wait()
+        seen.append(inline.wake_deferred())
+        release.set()
+
+    t = threading.Thread(target=other)
+    t.start()
+    with Fake().deferred_wake():
+        assert inline.wake_deferred()
+        inside.set()
+        release.wait(10)
+    t.join(10)
+    assert seen == [False] and not inline.wake_deferred()

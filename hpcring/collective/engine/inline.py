@@ -41,12 +41,21 @@ if TYPE_CHECKING:
 # thread, and its data time dwarfs the hand-off anyway.
 INLINE_MAX_BYTES = 64 << 10
 
-_defer = threading.local()  # .on: this thread's submits leave the engine thread asleep (deferred_wake)
+
+class _Deferral(threading.local):
+    """Per thread: are this thread's submits leaving the engine thread asleep (`deferred_wake`)? The
+    class-level default answers a thread that never set it: `getattr(local, name, default)` on a missing
+    attribute raises and catches an AttributeError inside, 0.3 us on every submit."""
+
+    on = False
+
+
+_defer = _Deferral()
 
 
 def wake_deferred() -> bool:
     """True inside `deferred_wake` on this thread (Engine.submit then queues without a wake-up token)."""
-    return getattr(_defer, "on", False)
+    return _defer.on
 
 
 class _Ended(Exception):

@@ -40,8 +40,6 @@ class OpType(enum.Enum):
 CACHEABLE = frozenset(
     {OpType.ALLREDUCE, OpType.ALLGATHER, OpType.BROADCAST, OpType.ALLTOALL, OpType.REDUCESCATTER}
 )
-# Requests whose first dimension may differ between ranks: the signature keeps only the trailing dimensions.
-RAGGED = frozenset({OpType.ALLGATHER, OpType.ALLTOALL})
 
 
 class Signature(NamedTuple):
@@ -73,7 +71,9 @@ class Signature(NamedTuple):
 
 def signature_shape(op_type: OpType, shape: tuple[int, ...]) -> tuple[int, ...]:
     """The shape as agreed: ragged ops keep only the trailing dimensions."""
-    if op_type in RAGGED and shape:
+    # Allgather and alltoall: the first dimension may differ between ranks. Compared by identity, not looked
+    # up in a set: hashing an Enum runs Python code, and this runs once per submitted tensor.
+    if shape and (op_type is OpType.ALLGATHER or op_type is OpType.ALLTOALL):
         return (-1, *shape[1:])
     return tuple(shape)
 
