@@ -12,7 +12,10 @@ SUMMARY = re.compile(r"^\[(\d+)\]<stdout>:(\d+) passed", re.M)
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize(("flavour", "np", "nodes"), [("mpich", 2, None), ("openmpi", 3, 2)])
+@pytest.mark.parametrize(
+    ("flavour", "np", "nodes"),
+    [("openmpi", 1, None), ("mpich", 2, None), ("openmpi", 3, 2), ("openmpi", 4, None)],
+)
 def test_engine_on_every_rank(hpcring_run: RunRanks, flavour: str, np: int, nodes: int | None) -> None:
     proc = hpcring_run(np, [*ranked_pytest("tests/ranked/engine")], flavour=flavour, emulate_nodes=nodes)
     out = proc.stdout + proc.stderr

@@ -9,6 +9,7 @@ import queue
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -22,6 +23,7 @@ from hpcring.collective.engine.cache import ResponseCache
 from hpcring.collective.engine.engine import Engine
 from hpcring.collective.engine.request import Handle, Request, complete
 from hpcring.collective.engine.responses import Response, plan_batches, plan_indices
+from hpcring.collective.engine.state import _SetState
 from hpcring.collective.engine.timeline import Timeline
 from hpcring.collective.engine.validation import check_agreement
 from hpcring.config import DEFAULT_FUSION_THRESHOLD, EngineSettings, engine_settings
@@ -435,18 +437,34 @@ def test_timeline_reopened_in_the_same_process_continues_the_file(tmp_path: Path
     assert sum(1 for e in events if e["name"] == "trace_end") == 1
 
 
+def _one_rank_state() -> _SetState:
+    """The state of a set of one rank (its topology is only read for comm, rank and size)."""
+    return _SetState(0, (0,), SimpleNamespace(comm=None, rank=0, size=1), EngineSettings())
+
+
 def test_a_fused_batch_on_one_rank_is_its_input_copied_and_scaled() -> None:
-    """A set of one rank: each output gets its input (reshaped to the output), in place is left alone, then
-    the postscale; AVERAGE divides by one."""
+    """A set of one rank: one output elsewhere gets its input (reshaped to the output), in place is left
+    alone, then the postscale; AVERAGE divides by one."""
     a = np.arange(6, dtype=np.float32)
-    b = np.arange(4, dtype=np.int64).reshape(2, 2)
+    b = np.arange(4, dtype=np.float32).reshape(2, 2)
     out_a = np.empty((2, 3), np.float32)
     s = sig("x", (6,), reduce_op="average", postscale=3.0)
-    got = Engine._allreduce_alone([a, b], [out_a, b], s)
+    got = Engine._allreduce_alone(_one_rank_state(), [a, b], [out_a, b], [6, 4], np.dtype(np.float32), s)
     assert got[0] is out_a and got[1] is b
     np.testing.assert_array_equal(out_a, 3.0 * a.reshape(2, 3))
     np.testing.assert_array_equal(b, 3 * np.arange(4).reshape(2, 2))
     np.testing.assert_array_equal(a, np.arange(6))
+
+
+def test_one_rank_outputs_over_other_inputs_read_every_input_first() -> None:
+    """Outputs shifted by one request over the inputs: every input is read before any output is written (one
+    by one, the first copy would overwrite the second input)."""
+    flat = np.arange(20, dtype=np.float64)
+    ins = [flat[4 * i : 4 * (i + 1)] for i in range(4)]
+    outs = [flat[4 * (i + 1) : 4 * (i + 2)] for i in range(4)]
+    s = sig("shift", (4,), dtype="float64")
+    Engine._allreduce_alone(_one_rank_state(), ins, outs, [4] * 4, np.dtype(np.float64), s)
+    np.testing.assert_array_equal(flat, np.r_[np.arange(4), np.arange(16)].astype(np.float64))
 
 
 def test_signature_shape_keeps_trailing_dims_of_ragged_ops_only() -> None:

@@ -247,7 +247,7 @@ class Execution(EngineCore):
                 self._reduce(st, src, dst, sig)
             return outputs
         if st.size == 1 and sig.prescale == 1.0:
-            return self._allreduce_alone(tensors, outputs, sig)
+            return self._allreduce_alone(st, tensors, outputs, counts, dtype, sig)
         if self._shared_memory_batch(st, tensors, outputs, counts, dtype, sig, timeline, names):
             return outputs  # (an adjacent side is copied into or out of the slot like any other)
         self.stats["no_pack"] += src is not None
@@ -264,12 +264,27 @@ class Execution(EngineCore):
         return outputs
 
     @staticmethod
-    def _allreduce_alone(tensors: list[NDArray], outputs: list[NDArray], sig: Signature) -> list[Any]:
-        """A fused batch in a set of one rank: the reduction is the input itself, so each output gets one copy
-        of its input (none in place) instead of a trip through the fusion buffer, then the scale factor."""
-        for t, out in zip(tensors, outputs, strict=True):
-            if out is not t:
-                out[...] = t.reshape(out.shape)
+    def _allreduce_alone(
+        st: _SetState,
+        tensors: list[NDArray],
+        outputs: list[NDArray],
+        counts: list[int],
+        dtype: np.dtype[Any],
+        sig: Signature,
+    ) -> list[Any]:
+        """A fused batch in a set of one rank: the reduction is the input itself. In place, nothing moves; one
+        output elsewhere gets one copy (numpy buffers an overlap with its own input); several go through the
+        fusion buffer, all read before any is written, as on more ranks: an output may lie over another
+        request's input (copied one by one, an earlier copy would overwrite a later input)."""
+        moved = [i for i, (t, out) in enumerate(zip(tensors, outputs, strict=True)) if out is not t]
+        if len(moved) == 1:
+            i = moved[0]
+            outputs[i][...] = tensors[i].reshape(outputs[i].shape)
+        elif moved:
+            part = [counts[i] for i in moved]
+            buf = st.fusion_view(dtype, sum(part))
+            np.concatenate([tensors[i] for i in moved], axis=None, out=buf)
+            _unpack(buf, part, [outputs[i] for i in moved])
         if sig.postscale != 1.0:  # AVERAGE over one rank divides by one
             for out in outputs:
                 dtypes.scale(out, sig.postscale)

@@ -108,7 +108,8 @@ def test_one_side_adjacent(engine: Engine, world: Topology, side: str) -> None:
     before = _counters(engine)
     results = _run(engine, f"oneside.{side}", tensors, list(outputs))
     after = _counters(engine)
-    assert (after[0] - before[0], after[1] - before[1]) == ((1, 0) if side == "inputs" else (0, 1))
+    skipped = ((1, 0) if side == "inputs" else (0, 1)) if n > 1 else (0, 0)  # one rank: one copy, no reduce
+    assert (after[0] - before[0], after[1] - before[1]) == skipped
     got = np.concatenate([res.reshape(-1) for res in results])
     np.testing.assert_array_equal(got, _expected_sum(n, base)[GUARD : GUARD + total])
 
@@ -169,6 +170,8 @@ def test_views_that_are_not_adjacent_go_through_the_fusion_buffer(engine: Engine
 def test_read_only_views_are_never_written_in_place(engine: Engine, world: Topology) -> None:
     """In place over read-only memory: refused as before (the unpack raises on every rank), never written
     behind numpy's back by the collective."""
+    if world.size == 1:
+        pytest.skip("one rank: an in-place result is its input, so nothing is written and nothing refused")
     r = world.rank
     flat = np.arange(_total(SHAPES) + 2 * GUARD, dtype=np.float64) + r
     flat.flags.writeable = False
