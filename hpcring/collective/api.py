@@ -23,7 +23,7 @@ from hpcring.collective.algorithms.ring import DEFAULT_CHUNK_BYTES, ring_allredu
 from hpcring.collective.algorithms.shm import shm_allreduce
 from hpcring.collective.arrays import Buffer, as_buffer, is_tensor, to_kind
 from hpcring.collective.ops import ReduceOp, parse_op
-from hpcring.collective.selection import choose_algorithm, chunk_bytes, resolve_algorithm
+from hpcring.collective.selection import SHM_MIN_RANKS, choose_algorithm, chunk_bytes, resolve_algorithm
 from hpcring.collective.topology import Topology
 from hpcring.collective.validate import Signature, prepare
 from hpcring.errors import ConfigError, choices
@@ -53,18 +53,29 @@ def _flat(arr: NDArray) -> NDArray:
 
 
 def run_allreduce(
-    topo: Topology, src: NDArray, dst: NDArray, op: ReduceOp, algorithm: str, chunk: int | None = None
+    topo: Topology,
+    src: NDArray,
+    dst: NDArray,
+    op: ReduceOp,
+    algorithm: str,
+    chunk: int | None = None,
+    shm_min_ranks: int = SHM_MIN_RANKS,
 ) -> str:
     """Run one algorithm on flat views (no validation; dst may be src); returns the one used after `auto`.
 
     `chunk` is the ring's pipelining chunk in bytes (default: $HPCRING_RING_CHUNK_BYTES, read per call; the
     engine reads it once and passes it). Native allreduces MPI can do exactly go straight to the transport:
-    this is the path of every small engine operation, where each avoided check is latency."""
+    this is the path of every small engine operation, where each avoided check is latency. `shm_min_ranks`:
+    the fewest ranks on one node for which `auto` takes shared memory (selection.choose_algorithm)."""
     t = topo.transport()
     exact = _exact(t, src.dtype, op)
     if algorithm == "auto":
         algorithm = choose_algorithm(  # the layout as every rank sees it (unequal nodes: the largest)
-            src.nbytes, native_exact=exact, local_size=max(topo.node_sizes), cross_size=len(topo.node_sizes)
+            src.nbytes,
+            native_exact=exact,
+            local_size=max(topo.node_sizes),
+            cross_size=len(topo.node_sizes),
+            shm_min_ranks=shm_min_ranks,
         )
     if algorithm == "native":
         if not exact or not src.size:

@@ -40,7 +40,9 @@ def resolve_algorithm(value: str | None) -> str:
     return value.strip().lower()
 
 
-def choose_algorithm(nbytes: int, *, native_exact: bool, local_size: int, cross_size: int) -> str:
+def choose_algorithm(
+    nbytes: int, *, native_exact: bool, local_size: int, cross_size: int, shm_min_ranks: int = SHM_MIN_RANKS
+) -> str:
     """The `auto` rule.
 
     - small messages: native. MPI's latency-optimised algorithms need log(n) steps, our ring 2(n-1), each
@@ -48,17 +50,19 @@ def choose_algorithm(nbytes: int, *, native_exact: bool, local_size: int, cross_
       float32, which is cheap while the message is small;
     - several nodes, each with several ranks, from HIERARCHICAL_MIN_BYTES: hierarchical, so only
       1/local_size of the buffer crosses the network per rank;
-    - every rank on one node, at least SHM_MIN_RANKS of them, from SHM_MIN_BYTES (HALF_RING_MIN_BYTES for
-      16-bit floats): shm, one copy in and one out through a shared-memory segment, which measured faster
-      than the ring (2(n-1) dependent steps) and both MPIs' allreduce there; with 2 ranks the ring measured
-      faster (the caller falls back to the ring where the ranks cannot share memory);
+    - every rank on one node, at least `shm_min_ranks` of them (SHM_MIN_RANKS by default), from
+      SHM_MIN_BYTES (HALF_RING_MIN_BYTES for 16-bit floats): shm, one copy in and one out through a
+      shared-memory segment, which measured faster than the ring (2(n-1) dependent steps) and both MPIs'
+      allreduce there; with 2 ranks the ring measured faster alone (the caller falls back to the ring where
+      the ranks cannot share memory). The engine passes a lower minimum: its collectives run beside a
+      training thread, which shm's yielding barriers leave the CPU to and the ring's busy-polled waits do not;
     - otherwise from RING_MIN_BYTES (HALF_RING_MIN_BYTES for 16-bit floats): our pipelined ring, which moves
       the minimum 2(n-1)/n of the buffer, reduces 16-bit floats in their own dtype and measured faster than
       both MPIs' allreduce for large messages.
     """
     if cross_size > 1 and local_size > 1 and nbytes >= HIERARCHICAL_MIN_BYTES:
         return "hierarchical"
-    one_node = cross_size == 1 and local_size >= SHM_MIN_RANKS
+    one_node = cross_size == 1 and local_size >= shm_min_ranks
     if one_node and nbytes >= (SHM_MIN_BYTES if native_exact else HALF_RING_MIN_BYTES):
         return "shm"
     if nbytes >= (RING_MIN_BYTES if native_exact else HALF_RING_MIN_BYTES):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 
 from hpcring.collective import selection
@@ -41,6 +43,26 @@ def test_auto_rule_one_node() -> None:
         assert choose_algorithm(shm - 4, native_exact=True, local_size=local, cross_size=1) == "native"
         for nbytes in (shm, 64 << 20):
             assert choose_algorithm(nbytes, native_exact=True, local_size=local, cross_size=1) == "shm"
+
+
+def test_the_engine_takes_shared_memory_from_two_ranks() -> None:
+    """The engine's lower rank minimum (its collectives run beside a training thread): shm from 2 ranks on
+    one node, native below the size floor, and nothing changes across nodes."""
+    from hpcring.collective.engine.execution import ENGINE_SHM_MIN_RANKS
+
+    shm = selection.SHM_MIN_BYTES
+    rule = functools.partial(choose_algorithm, native_exact=True, shm_min_ranks=ENGINE_SHM_MIN_RANKS)
+    assert ENGINE_SHM_MIN_RANKS == 2
+    for local in (2, 3, 8):
+        assert rule(shm - 4, local_size=local, cross_size=1) == "native"
+        assert (
+            rule(shm, local_size=local, cross_size=1)
+            == rule(64 << 20, local_size=local, cross_size=1)
+            == "shm"
+        )
+    assert rule(64 << 20, local_size=1, cross_size=1) == "ring"  # one rank: nobody to share with
+    assert rule(64 << 20, local_size=2, cross_size=2) == "hierarchical"
+    assert rule(64 << 20, local_size=1, cross_size=2) == "ring"
 
 
 def test_auto_rule_half_precision_switches_earlier() -> None:

@@ -113,7 +113,7 @@ class Engine(Negotiation, Execution, Inline):
             "fused": 0,
             "no_pack": 0,  # fused batches reduced straight from the callers' adjacent inputs
             "no_unpack": 0,  # fused batches reduced straight into the callers' adjacent outputs
-            "shm": 0,  # fused batches reduced through the node's shared-memory segment
+            "shm": 0,  # fused batches and contiguous requests reduced through the node's shared memory
             "tunes": 0,  # Engine.tune requests applied
             "inline": 0,  # waits whose cycles the waiting thread ran itself (inline.py)
         }

@@ -1,6 +1,7 @@
 """Fused batches of separate tensors through the node's shared-memory segment: packed straight into this
 rank's slot and unpacked straight from the result. Same results as the fusion-buffer path, every op, in place
-and not; not taken off one node, below the size floor, with a prescale, or with another algorithm set."""
+and not; not taken off one node, below the size floor, with a prescale, or with another algorithm set. Large
+contiguous requests (a gradient bucket) go through it too, from 2 ranks on one node."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 
 from hpcring.collective.engine import Engine, OpType, Request, Signature
 from hpcring.collective.engine.execution import SHM_FUSED_MIN_BYTES
+from hpcring.collective.selection import SHM_MIN_BYTES
 from hpcring.collective.topology import Topology
 from hpcring.config import EngineSettings
 from hpcring.errors import ConfigError
@@ -140,3 +142,23 @@ def test_shm_set_for_a_job_across_nodes_is_refused_at_start(world: Topology) -> 
         return
     with pytest.raises(ConfigError, match=r"=shm needs every rank on one node, but this job spans 2 nodes"):
         Engine(world, EngineSettings(allreduce_algorithm="shm"))
+
+
+@pytest.mark.parametrize("in_place", [False, True])
+def test_a_large_contiguous_request_goes_through_shared_memory(
+    engine: Engine, world: Topology, in_place: bool
+) -> None:
+    """One request of 1.5x SHM_MIN_BYTES (a gradient bucket), averaged: through shared memory on one node
+    from 2 ranks (the engine's rule; the collective library's own `auto` waits for 4), else the ring."""
+    n, r = world.size, world.rank
+    count = 3 * SHM_MIN_BYTES // 8
+    x = np.arange(count, dtype=np.float32) % 1000 + r
+    out = x if in_place else np.full_like(x, -1)
+    before = engine.stats["shm"]
+    req = Request(
+        Signature(f"shm.bucket.{in_place}", OpType.ALLREDUCE, "float32", x.shape, "average"), 0, x, out
+    )
+    got = engine.submit(req).wait()
+    assert got is out and engine.stats["shm"] == before + _on_one_node(world)
+    want = np.arange(count, dtype=np.float64) % 1000 + (n - 1) / 2
+    np.testing.assert_allclose(got, want, rtol=1e-6)
