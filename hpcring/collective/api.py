@@ -60,13 +60,15 @@ def run_allreduce(
     algorithm: str,
     chunk: int | None = None,
     shm_min_ranks: int = SHM_MIN_RANKS,
+    shm_round_bytes: int | None = None,
 ) -> str:
     """Run one algorithm on flat views (no validation; dst may be src); returns the one used after `auto`.
 
     `chunk` is the ring's pipelining chunk in bytes (default: $HPCRING_RING_CHUNK_BYTES, read per call; the
     engine reads it once and passes it). Native allreduces MPI can do exactly go straight to the transport:
     this is the path of every small engine operation, where each avoided check is latency. `shm_min_ranks`:
-    the fewest ranks on one node for which `auto` takes shared memory (selection.choose_algorithm)."""
+    the fewest ranks on one node for which `auto` takes shared memory (selection.choose_algorithm);
+    `shm_round_bytes`: the largest round through it (default: one slot, $HPCRING_SHM_SLOT_BYTES)."""
     t = topo.transport()
     exact = _exact(t, src.dtype, op)
     if algorithm == "auto":
@@ -86,7 +88,7 @@ def run_allreduce(
             t.allreduce(dst, op, sendbuf=src)
         return algorithm
     if algorithm == "shm":
-        if shared_memory_allreduce(topo, src, dst, op):
+        if shared_memory_allreduce(topo, src, dst, op, shm_round_bytes):
             return algorithm
         algorithm = "ring"
     if chunk is None:
@@ -101,9 +103,12 @@ def run_allreduce(
 _shm_warned: set[str] = set()
 
 
-def shared_memory_allreduce(topo: Topology, src: NDArray, dst: NDArray, op: ReduceOp) -> bool:
-    """The `shm` algorithm on flat views; False (after one warning per reason) where this group cannot share
-    memory, and the caller runs the ring instead. A ConfigError if the group spans several nodes."""
+def shared_memory_allreduce(
+    topo: Topology, src: NDArray, dst: NDArray, op: ReduceOp, round_bytes: int | None = None
+) -> bool:
+    """The `shm` algorithm on flat views (in rounds of at most `round_bytes`, when given); False (after one
+    warning per reason) where this group cannot share memory, and the caller runs the ring instead. A
+    ConfigError if the group spans several nodes."""
     seg = topo.shared_segment()
     if seg is None:
         if topo.size == 1:
@@ -115,7 +120,7 @@ def shared_memory_allreduce(topo: Topology, src: NDArray, dst: NDArray, op: Redu
             f"allreduce algorithm 'shm' needs every rank on one node, but this group spans "
             f"{len(topo.node_sizes)} nodes; allowed here: {allowed}"
         )
-    if shm_allreduce(seg, src, dst, op):
+    if shm_allreduce(seg, src, dst, op, round_bytes):
         return True
     why = seg.unavailable or "unknown"
     if why not in _shm_warned:

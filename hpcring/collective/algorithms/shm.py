@@ -207,11 +207,15 @@ def shm_round(
     drain(seg.view(n, count, dtype))
 
 
-def shm_allreduce(seg: SharedSegment, src: NDArray, dst: NDArray, op: ReduceOp) -> bool:
+def shm_allreduce(
+    seg: SharedSegment, src: NDArray, dst: NDArray, op: ReduceOp, round_bytes: int | None = None
+) -> bool:
     """dst = reduction of every rank's src (1-D, same size; dst may be src) with `op`'s base operator, in
-    rounds of at most `slot_limit()` bytes. False, with nothing done, if the group cannot use shared memory
-    (then the caller runs another algorithm)."""
-    step = max(1, slot_limit() // src.dtype.itemsize)
+    rounds of at most `slot_limit()` bytes, or `round_bytes` where smaller (a smaller segment: it is mapped
+    by every rank and counts in each one's resident memory). False, with nothing done, if the group cannot
+    use shared memory (then the caller runs another algorithm)."""
+    limit = slot_limit() if round_bytes is None else min(round_bytes, slot_limit())
+    step = max(1, limit // src.dtype.itemsize)
     if not seg.ensure(min(src.size, step) * src.dtype.itemsize):
         return False
     for lo in range(0, src.size, step):

@@ -56,9 +56,13 @@ SHM_FUSED_MIN_BYTES = 64 << 10  # smaller fused batches: MPI's latency beats two
 # A contiguous request (a gradient bucket, a tensor) under `auto` goes through shared memory from this many
 # ranks on one node (the collective library's own rule waits for 4). The engine reduces beside a training
 # thread: the ring's blocking MPI waits busy-poll and take the CPU that thread needs, shm's barriers yield it.
-# 200-tensor MLP at 2 ranks (one 6.3 MiB bucket), paired launches: 0.82x DDP's step against 0.84x with the
+# 200-tensor MLP at 2 ranks (one 6.3 MiB bucket), paired launches: 0.78x DDP's step against 0.83x with the
 # ring; the 4-layer MLP, ResNet-style and transformer models unchanged (docs/bench-ddp.md).
 ENGINE_SHM_MIN_RANKS = 2
+# ... in rounds of at most this many bytes: the segment ((ranks + 1) slots, mapped by every rank on the node)
+# then stays small. With whole 16 MiB buckets (the 4-layer MLP) rank 0's peak RSS grew by 16-19 MiB, 7 %
+# above DDP's. Fused batches of separate tensors still take up to one whole slot (`_shared_memory_batch`).
+ENGINE_SHM_ROUND_BYTES = 4 << 20
 
 
 class Execution(EngineCore):
@@ -225,6 +229,7 @@ class Execution(EngineCore):
             self.settings.allreduce_algorithm,
             self._chunk,
             shm_min_ranks=ENGINE_SHM_MIN_RANKS,
+            shm_round_bytes=ENGINE_SHM_ROUND_BYTES,
         )
         self.stats["shm"] += used == "shm"
         post = _postscale(sig, op, st.size)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from hpcring.collective.engine import Engine, OpType, Request, Signature
-from hpcring.collective.engine.execution import SHM_FUSED_MIN_BYTES
+from hpcring.collective.engine.execution import ENGINE_SHM_ROUND_BYTES, SHM_FUSED_MIN_BYTES
 from hpcring.collective.selection import SHM_MIN_BYTES
 from hpcring.collective.topology import Topology
 from hpcring.config import EngineSettings
@@ -148,10 +148,10 @@ def test_shm_set_for_a_job_across_nodes_is_refused_at_start(world: Topology) -> 
 def test_a_large_contiguous_request_goes_through_shared_memory(
     engine: Engine, world: Topology, in_place: bool
 ) -> None:
-    """One request of 1.5x SHM_MIN_BYTES (a gradient bucket), averaged: through shared memory on one node
-    from 2 ranks (the engine's rule; the collective library's own `auto` waits for 4), else the ring."""
+    """One request (a gradient bucket) of 1.5 rounds, averaged: through shared memory on one node from 2
+    ranks (the engine's rule; the collective library's own `auto` waits for 4), else the ring."""
     n, r = world.size, world.rank
-    count = 3 * SHM_MIN_BYTES // 8
+    count = (ENGINE_SHM_ROUND_BYTES + SHM_MIN_BYTES // 2) // 4 + 3  # a second, partial round
     x = np.arange(count, dtype=np.float32) % 1000 + r
     out = x if in_place else np.full_like(x, -1)
     before = engine.stats["shm"]
