@@ -63,7 +63,7 @@ def bfloat16() -> np.dtype[Any]:
 def numpy_view(t: Any) -> NDArray:
     """numpy view of a contiguous CPU tensor's memory, no copy (bfloat16 as ml_dtypes' bfloat16)."""
     torch = sys.modules["torch"]
-    if t.dtype == torch.bfloat16:
+    if t.dtype is torch.bfloat16:  # dtypes are singletons: identity, not the slower __eq__ (once per tensor)
         arr: NDArray = t.view(torch.int16).numpy().view(bfloat16())
         return arr
     view: NDArray = t.numpy()

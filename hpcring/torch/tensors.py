@@ -66,7 +66,7 @@ def _view(t: Any) -> _View:
         if engine is None or engine.settings.cpu_device_plane != "gloo":  # the host path: no route lookups
             if not c.is_contiguous():
                 c = c.contiguous()
-            return _View(c, numpy_view(c) if c.dtype is _BFLOAT16 else c.numpy(), "cpu")
+            return _View(c, numpy_view(c), "cpu")
         route = device_plane.CPU_GLOO
     else:
         route = _device_route(c.device.type)
@@ -82,7 +82,6 @@ def _view(t: Any) -> _View:
     return _View(c, numpy_view(c), route)
 
 
-_BFLOAT16 = torch.bfloat16  # numpy has no bfloat16: numpy_view goes through ml_dtypes' type
 _HOST_ONLY = frozenset(getattr(torch, name) for name in device_plane.HOST_ONLY_DTYPES)
 
 # device type -> "cuda" (the device plane) or "<type>+host" (staged through host memory, reduced on the host
