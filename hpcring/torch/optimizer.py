@@ -35,6 +35,13 @@ from hpcring.torch.compression import Compression, Compressor
 _Key = Any  # a parameter tensor, or a tuple of them for a group
 
 
+# Horovod's words for a gradient computed again after its reduction started (one pass too many before step()).
+_TOO_MANY_PASSES = (
+    "Gradients were computed more than backward_passes_per_step times before call to step(). "
+    "Increase backward_passes_per_step to accumulate gradients locally."
+)
+
+
 def _hvd() -> ModuleType:
     """The `hpcring.torch` op surface, imported at call time (it imports this module)."""
     import hpcring.torch as hvd
@@ -306,10 +313,7 @@ class _DistributedOptimizer:
         delay = self._allreduce_delay
         left = delay[pid]
         if left <= 0:
-            raise AssertionError(
-                "Gradients were computed more than backward_passes_per_step times before call to step(). "
-                "Increase backward_passes_per_step to accumulate gradients locally."
-            )
+            raise AssertionError(_TOO_MANY_PASSES)
         delay[pid] = left - 1
         self._hooked = True
         bucket, view = slot
@@ -362,10 +366,7 @@ class _DistributedOptimizer:
         # started (alone, or as a member of a group, whose entry has no handle of its own).
         pid = id(p)
         if self._allreduce_delay[pid] <= 0:
-            raise AssertionError(
-                "Gradients were computed more than backward_passes_per_step times before call to step(). "
-                "Increase backward_passes_per_step to accumulate gradients locally."
-            )
+            raise AssertionError(_TOO_MANY_PASSES)
         self._allreduce_delay[pid] -= 1
         if self._allreduce_delay[pid] > 0:
             self._handles[p] = (None, None)
