@@ -7,6 +7,7 @@ on flat 1-D views. Results come back in the caller's kind: numpy in, numpy out; 
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 import warnings
@@ -20,7 +21,7 @@ from hpcring.collective.algorithms.chunks import offsets, part_sizes
 from hpcring.collective.algorithms.hierarchical import hierarchical_allreduce
 from hpcring.collective.algorithms.native import native_allreduce
 from hpcring.collective.algorithms.ring import DEFAULT_CHUNK_BYTES, ring_allreduce, ring_reduce_scatter
-from hpcring.collective.algorithms.shm import shm_allreduce
+from hpcring.collective.algorithms.shm import Finish, shm_allreduce
 from hpcring.collective.arrays import Buffer, as_buffer, is_tensor, to_kind
 from hpcring.collective.ops import ReduceOp, parse_op
 from hpcring.collective.selection import SHM_MIN_RANKS, choose_algorithm, chunk_bytes, resolve_algorithm
@@ -61,6 +62,7 @@ def run_allreduce(
     chunk: int | None = None,
     shm_min_ranks: int = SHM_MIN_RANKS,
     shm_round_bytes: int | None = None,
+    finish: Finish | None = None,
 ) -> str:
     """Run one algorithm on flat views (no validation; dst may be src); returns the one used after `auto`.
 
@@ -68,7 +70,9 @@ def run_allreduce(
     engine reads it once and passes it). Native allreduces MPI can do exactly go straight to the transport:
     this is the path of every small engine operation, where each avoided check is latency. `shm_min_ranks`:
     the fewest ranks on one node for which `auto` takes shared memory (selection.choose_algorithm);
-    `shm_round_bytes`: the largest round through it (default: one slot, $HPCRING_SHM_SLOT_BYTES)."""
+    `shm_round_bytes`: the largest round through it (default: one slot, $HPCRING_SHM_SLOT_BYTES). `finish`
+    (AVERAGE's or a postscale's scaling, element-wise) is applied to the result: by shared memory to each
+    part by its owner inside the round (1/n of the buffer per rank), by the others to all of dst after."""
     t = topo.transport()
     exact = _exact(t, src.dtype, op)
     if algorithm == "auto":
@@ -79,6 +83,10 @@ def run_allreduce(
             cross_size=len(topo.node_sizes),
             shm_min_ranks=shm_min_ranks,
         )
+    if algorithm == "shm":
+        if shared_memory_allreduce(topo, src, dst, op, shm_round_bytes, finish):
+            return algorithm
+        algorithm = "ring"
     if algorithm == "native":
         if not exact or not src.size:
             native_allreduce(t, src, dst, op)  # widening, or nothing to do
@@ -86,17 +94,13 @@ def run_allreduce(
             t.allreduce(dst, op)
         else:
             t.allreduce(dst, op, sendbuf=src)
-        return algorithm
-    if algorithm == "shm":
-        if shared_memory_allreduce(topo, src, dst, op, shm_round_bytes):
-            return algorithm
-        algorithm = "ring"
-    if chunk is None:
-        chunk = chunk_bytes(DEFAULT_CHUNK_BYTES)
-    if algorithm == "ring":
-        ring_allreduce(t, src, dst, op, chunk)
+    elif algorithm == "ring":
+        ring_allreduce(t, src, dst, op, chunk_bytes(DEFAULT_CHUNK_BYTES) if chunk is None else chunk)
     else:
+        chunk = chunk_bytes(DEFAULT_CHUNK_BYTES) if chunk is None else chunk
         hierarchical_allreduce(topo.node_layout(), src, dst, op, chunk)
+    if finish is not None:
+        finish(dst)
     return algorithm
 
 
@@ -104,23 +108,30 @@ _shm_warned: set[str] = set()
 
 
 def shared_memory_allreduce(
-    topo: Topology, src: NDArray, dst: NDArray, op: ReduceOp, round_bytes: int | None = None
+    topo: Topology,
+    src: NDArray,
+    dst: NDArray,
+    op: ReduceOp,
+    round_bytes: int | None = None,
+    finish: Finish | None = None,
 ) -> bool:
-    """The `shm` algorithm on flat views (in rounds of at most `round_bytes`, when given); False (after one
-    warning per reason) where this group cannot share memory, and the caller runs the ring instead. A
-    ConfigError if the group spans several nodes."""
+    """The `shm` algorithm on flat views (in rounds of at most `round_bytes`, when given, with `finish` on
+    each reduced part); False (after one warning per reason, with nothing done) where this group cannot
+    share memory, and the caller runs the ring instead. A ConfigError if the group spans several nodes."""
     seg = topo.shared_segment()
     if seg is None:
         if topo.size == 1:
             if dst is not src:
                 dst[...] = src
+            if finish is not None:
+                finish(dst)
             return True
         allowed = choices(a for a in selection.ALGORITHMS if a != "shm")
         raise ConfigError(
             f"allreduce algorithm 'shm' needs every rank on one node, but this group spans "
             f"{len(topo.node_sizes)} nodes; allowed here: {allowed}"
         )
-    if shm_allreduce(seg, src, dst, op, round_bytes):
+    if shm_allreduce(seg, src, dst, op, round_bytes, finish):
         return True
     why = seg.unavailable or "unknown"
     if why not in _shm_warned:
@@ -204,11 +215,12 @@ def allreduce(
             dst[...] = src
         dtypes.scale(dst, pre)
         src = dst
-    run_allreduce(topo, src, dst, rop, alg)
+    finish: Finish | None = None
     if rop is ReduceOp.AVERAGE:
-        dtypes.average(dst, topo.size, post)
-    else:
-        dtypes.scale(dst, post)
+        finish = functools.partial(dtypes.average, n=topo.size, postscale=post)
+    elif post != 1.0:
+        finish = functools.partial(dtypes.scale, factor=post)
+    run_allreduce(topo, src, dst, rop, alg, finish=finish)
     if out is x:
         buf.writeback()
         return x

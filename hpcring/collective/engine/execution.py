@@ -221,6 +221,7 @@ class Execution(EngineCore):
             if sig.prescale != 1.0:
                 dtypes.scale(flat_dst, sig.prescale)
             flat_src = flat_dst
+        post = _postscale(sig, op, st.size)
         used = api.run_allreduce(
             st.topology,
             flat_src,
@@ -230,11 +231,9 @@ class Execution(EngineCore):
             self._chunk,
             shm_min_ranks=ENGINE_SHM_MIN_RANKS,
             shm_round_bytes=ENGINE_SHM_ROUND_BYTES,
+            finish=None if post == 1.0 else functools.partial(dtypes.scale, factor=post),
         )
         self.stats["shm"] += used == "shm"
-        post = _postscale(sig, op, st.size)
-        if post != 1.0:
-            dtypes.scale(flat_dst, post)
 
     def _allreduce(
         self, st: _SetState, batch: list[Response], timeline: Timeline | None, counts: list[int] | None = None

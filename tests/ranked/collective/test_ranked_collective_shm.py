@@ -112,3 +112,41 @@ def test_a_group_of_one_rank() -> None:
         np.testing.assert_array_equal(kept, x[:4])  # the old mapping lives on until its last view is freed
     finally:
         seg.close()
+
+
+@pytest.mark.parametrize("count", (1, 3, 1031, (3 << 20) // 4 + 5))
+def test_contiguous_round_gives_the_general_rounds_bits(
+    one_node: Topology, count: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`shm_allreduce` (only the other ranks' parts through the slot, this rank's own part read where it
+    lies) against `shm_round` (everything through the slot) on the same random float32 inputs: the same
+    bits in place and out of place, the finish applied once, the input untouched out of place. Counts
+    smaller than the group leave some ranks without a part; the largest takes several 1 MiB rounds."""
+    monkeypatch.setenv(shm.SLOT_ENV, str(1 << 20))
+    seg = shm.SharedSegment(one_node.comm)
+    try:
+        x = np.random.default_rng(one_node.rank).standard_normal(count).astype(np.float32)
+        halve = lambda part: np.multiply(part, np.float32(0.5), out=part)  # noqa: E731
+        want = np.empty_like(x)
+        step = (1 << 20) // 4
+        assert seg.ensure(min(count, step) * 4)
+        for lo in range(0, count, step):
+            piece, out = x[lo : lo + step], want[lo : lo + step]
+            shm.shm_round(
+                seg,
+                piece.size,
+                x.dtype,
+                ReduceOp.SUM,
+                lambda slot, piece=piece: np.copyto(slot, piece),
+                lambda result, out=out: np.copyto(out, result),
+                halve,
+            )
+        before = x.copy()
+        got = np.empty_like(x)
+        assert shm.shm_allreduce(seg, x, got, ReduceOp.SUM, finish=halve)
+        np.testing.assert_array_equal(x, before)
+        np.testing.assert_array_equal(got, want)
+        assert shm.shm_allreduce(seg, x, x, ReduceOp.SUM, finish=halve)
+        np.testing.assert_array_equal(x, want)
+    finally:
+        seg.close()
