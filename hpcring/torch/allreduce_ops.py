@@ -10,6 +10,7 @@ from hpcring.collective import dtypes
 from hpcring.collective.engine import OpType, ProcessSet, global_process_set
 from hpcring.torch.compression import Compression
 from hpcring.torch.op_handles import (
+    _OP_NAMES,
     _group_names,
     _name,
     _op_name,
@@ -19,7 +20,15 @@ from hpcring.torch.op_handles import (
     handle_average_backwards_compatibility,
     wait_now,
 )
-from hpcring.torch.tensors import _check_dtype, _check_scale, _shares, _submit, _view, fresh_output
+from hpcring.torch.tensors import (
+    _check_dtype,
+    _check_scale,
+    _shares,
+    _submit,
+    _view,
+    fresh_output,
+    host_allreduce,
+)
 
 _deps.torch()  # a missing torch becomes BackendUnavailable naming the install command
 import torch  # noqa: E402
@@ -36,6 +45,11 @@ def _allreduce_async(
     postscale_factor: float,
     process_set: ProcessSet,
 ) -> int:
+    op_name = _OP_NAMES.get(id(op))
+    if op_name is not None:
+        fast = host_allreduce(tensor, output, name, op_name, prescale_factor, postscale_factor, process_set)
+        if fast is not None:
+            return _register(_Pending([fast], lambda _: output))
     what = "allreduce"
     dtype = _check_dtype(tensor, what)
     op_name = _op_name(op, what)

@@ -41,6 +41,8 @@ class _AdasumOp:
 Adasum = _AdasumOp()
 
 _OPS = {Average: "average", Sum: "sum", Min: "min", Max: "max", Product: "product"}
+# The same by the op's identity: looking an Enum member up in a dict hashes it in Python, once per call.
+_OP_NAMES = {id(op): name for op, name in _OPS.items()}
 
 
 def handle_average_backwards_compatibility(op: Any, average: Any) -> Any:
@@ -100,6 +102,11 @@ def _name(prefix: str, name: str | None, process_set: ProcessSet | None = None) 
     a set a rank is not in do not shift its numbering) and per init() (a re-initialised job starts at 0)."""
     if name is not None:
         return f"{prefix}.{name}"
+    return _unnamed(prefix, process_set)
+
+
+def _unnamed(prefix: str, process_set: ProcessSet | None) -> str:
+    """The next `<op>.noname.<n>` of this op kind and process set (`_name`)."""
     key = (basics.generation(), basics._set_id(process_set), prefix)
     with _names_lock:
         counter = _noname.setdefault(key, itertools.count())
@@ -143,10 +150,7 @@ def synchronize(handle: Any) -> Any:
     pending = _handle_map.pop(handle, None)
     if pending is None:
         return None
-    results = []
-    for h in pending.handles:
-        results.append(h.wait())
-    return pending.finish(results)
+    return pending.finish([h.wait() for h in pending.handles])
 
 
 class _Batch(threading.local):

@@ -92,7 +92,9 @@ class Engine(Negotiation, Execution, Inline):
         self._set_ranks: dict[int, tuple[int, ...]] = {}  # every registered set, member or not
         self._next_set_id = 1
         self._stop_reason: str | None = None
-        self._stopped = threading.Event()
+        self._stopped = (
+            False  # set under the lock when the engine thread ends (a flag, not an Event: read per submit)
+        )
         self._closed = False
         self._init_inline()
         self._cycle_no = 0
@@ -134,7 +136,7 @@ class Engine(Negotiation, Execution, Inline):
         """Queue a request; ValueError for a name already in flight in its process set on this rank."""
         name = req.sig.name
         with self._lock:
-            if self._closed or self._stopped.is_set():
+            if self._closed or self._stopped:
                 raise self._shut_down()
             st = self._sets.get(req.process_set_id) or self._member_state(req.process_set_id)
             if name in st.inflight:
@@ -151,7 +153,7 @@ class Engine(Negotiation, Execution, Inline):
         names = list(map(_SIG_NAME, reqs))
         set_ids = list(map(_REQ_SET, reqs))
         with self._lock:
-            if self._closed or self._stopped.is_set():
+            if self._closed or self._stopped:
                 raise self._shut_down()
             if names and set_ids.count(set_ids[0]) == len(set_ids):  # one set: C-level checks and inserts
                 st = self._sets.get(set_ids[0]) or self._member_state(set_ids[0])
@@ -296,7 +298,7 @@ class Engine(Negotiation, Execution, Inline):
 
     @property
     def running(self) -> bool:
-        return not self._stopped.is_set()
+        return not self._stopped
 
     # ------------------------------------------------------------------ process sets
 
@@ -357,7 +359,7 @@ class Engine(Negotiation, Execution, Inline):
             self._stop_reason = f"engine thread failed: {exc!r}"
         finally:
             with self._lock:
-                self._stopped.set()
+                self._stopped = True
                 sets = list(self._sets.values())
             for st in sets:
                 self._fail_set(st, f"hpcring shut down: {self._stop_reason or 'a rank shut down'}")
