@@ -39,6 +39,7 @@ _BOOL_OP_NAMES = {ReduceOp.MIN: "LAND", ReduceOp.MAX: "LOR"}
 
 
 _DATATYPES: dict[np.dtype[Any], Any] = {}
+_MPI_OPS: dict[tuple[np.dtype[Any], int], Any] = {}  # (dtype, id(ReduceOp member)) -> MPI op
 
 
 def _datatype(dtype: np.dtype[Any]) -> Any:
@@ -118,10 +119,15 @@ class MPITransport:
         return name in _TYPE_NAMES and op.base in _OP_NAMES
 
     def _op(self, dtype: np.dtype[Any], op: ReduceOp) -> Any:
-        if not self.can_reduce(dtype, op):
-            raise CollectiveError(f"MPI cannot reduce {name_of(dtype)} with {op.name} natively")
-        names = _BOOL_OP_NAMES if name_of(dtype) == "bool" else _OP_NAMES
-        return getattr(self._mpi, names[op.base])
+        """The MPI op for `op` on `dtype`, remembered by the op's identity (every small allreduce asks, and
+        a dict lookup by an Enum member hashes it in Python)."""
+        found = _MPI_OPS.get((dtype, id(op)))
+        if found is None:
+            if not self.can_reduce(dtype, op):
+                raise CollectiveError(f"MPI cannot reduce {name_of(dtype)} with {op.name} natively")
+            names = _BOOL_OP_NAMES if name_of(dtype) == "bool" else _OP_NAMES
+            found = _MPI_OPS[(dtype, id(op))] = getattr(self._mpi, names[op.base])
+        return found
 
     def allreduce(self, buf: NDArray, op: ReduceOp, sendbuf: NDArray | None = None) -> None:
         send = self._mpi.IN_PLACE if sendbuf is None else _spec(sendbuf)

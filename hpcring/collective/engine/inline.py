@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from hpcring.collective.engine.request import Handle
@@ -56,6 +54,24 @@ _defer = _Deferral()
 def wake_deferred() -> bool:
     """True inside `deferred_wake` on this thread (Engine.submit then queues without a wake-up token)."""
     return _defer.on
+
+
+class _DeferredWake:
+    """`Inline.deferred_wake`'s block: a plain context manager (a generator-based one costs a microsecond
+    more, on every synchronous op)."""
+
+    __slots__ = ("_wake",)
+
+    def __init__(self, wake: queue.SimpleQueue[None]) -> None:
+        self._wake = wake
+
+    def __enter__(self) -> None:
+        _defer.on = True
+
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
+        _defer.on = False
+        if kind is not None:
+            self._wake.put(None)  # nobody will wait for what was queued: let the engine thread run it
 
 
 class _Ended(Exception):
@@ -105,19 +121,11 @@ class Inline:
         nbytes = getattr(found.tensor, "nbytes", None)
         return nbytes is not None and nbytes <= INLINE_MAX_BYTES
 
-    @contextmanager
-    def deferred_wake(self) -> Iterator[None]:
+    def deferred_wake(self) -> _DeferredWake:
         """Requests submitted by this thread inside the block do not wake the engine thread: the caller is
         about to wait for them and `run_inline(..., deferred=True)` (which wakes it when it does not run the
         cycle) comes next. Saves a spurious wake-up of the engine thread per synchronous op."""
-        _defer.on = True
-        try:
-            yield
-        except BaseException:
-            self._wake.put(None)  # nobody will wait for what was queued: let the engine thread run it
-            raise
-        finally:
-            _defer.on = False
+        return _DeferredWake(self._wake)
 
     def run_inline(self, handle: Handle, deferred: bool = False) -> None:
         """Run cycles on this thread until `handle` is done, when that is allowed (see the module); return at
