@@ -75,14 +75,7 @@ def run_allreduce(
     part by its owner inside the round (1/n of the buffer per rank), by the others to all of dst after."""
     t = topo.transport()
     exact = _exact(t, src.dtype, op)
-    if algorithm == "auto":
-        algorithm = choose_algorithm(  # the layout as every rank sees it (unequal nodes: the largest)
-            src.nbytes,
-            native_exact=exact,
-            local_size=max(topo.node_sizes),
-            cross_size=len(topo.node_sizes),
-            shm_min_ranks=shm_min_ranks,
-        )
+    algorithm = pick_allreduce(topo, src, op, algorithm, shm_min_ranks)
     if algorithm == "shm":
         if shared_memory_allreduce(topo, src, dst, op, shm_round_bytes, finish):
             return algorithm
@@ -102,6 +95,22 @@ def run_allreduce(
     if finish is not None:
         finish(dst)
     return algorithm
+
+
+def pick_allreduce(
+    topo: Topology, src: NDArray, op: ReduceOp, algorithm: str, shm_min_ranks: int = SHM_MIN_RANKS
+) -> str:
+    """The algorithm `run_allreduce` runs for `algorithm` ("auto" resolved by the pure rule, from the layout
+    as every rank sees it: unequal nodes count as the largest)."""
+    if algorithm != "auto":
+        return algorithm
+    return choose_algorithm(
+        src.nbytes,
+        native_exact=_exact(topo.transport(), src.dtype, op),
+        local_size=max(topo.node_sizes),
+        cross_size=len(topo.node_sizes),
+        shm_min_ranks=shm_min_ranks,
+    )
 
 
 _shm_warned: set[str] = set()

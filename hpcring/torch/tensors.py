@@ -242,7 +242,7 @@ def host_allreduce(
     ):
         return None
     dtype = _HOST_FAST_DTYPES.get(tensor.dtype)
-    set_id = getattr(process_set, "process_set_id", None) if type(process_set) is ProcessSet else None
+    set_id = process_set.process_set_id if type(process_set) is ProcessSet else None
     if dtype is None or set_id is None:
         return None
     data = tensor.numpy()

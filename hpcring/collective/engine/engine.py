@@ -92,9 +92,7 @@ class Engine(Negotiation, Execution, Inline):
         self._set_ranks: dict[int, tuple[int, ...]] = {}  # every registered set, member or not
         self._next_set_id = 1
         self._stop_reason: str | None = None
-        self._stopped = (
-            False  # set under the lock when the engine thread ends (a flag, not an Event: read per submit)
-        )
+        self._stopped = False  # the engine thread has ended (set under the lock; read on every submit)
         self._closed = False
         self._init_inline()
         self._cycle_no = 0

@@ -50,7 +50,8 @@ _REDUCE_OPS = {op.value: op for op in ReduceOp}  # by agreed name; Enum's by-val
 # Out of place from this size on: copy the input into the output and reduce there in place. A new output
 # is memory nobody has touched yet, and the algorithms' transfers into it (MPI receives, the ring's
 # reductions) page-faulted it in at a fraction of the speed of one copy: 64 MiB at 2 ranks took 198 ms out of
-# place against 42 ms in place (benchmarks/bench_torch_ops.py).
+# place against 42 ms in place (benchmarks/bench_torch_ops.py). Not for shared memory, which writes the
+# output with plain copies only: staged, 64 MiB took 31-32 ms there, straight 27-28 ms (2 ranks, 2026-11-27).
 _STAGE_IN_PLACE_BYTES = 1 << 20
 SHM_FUSED_MIN_BYTES = 64 << 10  # smaller fused batches: MPI's latency beats two node barriers
 # A contiguous request (a gradient bucket, a tensor) under `auto` goes through shared memory from this many
@@ -215,7 +216,11 @@ class Execution(EngineCore):
         op = _REDUCE_OPS[sig.reduce_op]
         flat_src = src.reshape(-1)
         flat_dst = flat_src if dst is src else dst.reshape(-1)
-        if sig.prescale != 1.0 or (flat_dst is not flat_src and flat_dst.nbytes >= _STAGE_IN_PLACE_BYTES):
+        algorithm = api.pick_allreduce(
+            st.topology, flat_src, op, self.settings.allreduce_algorithm, ENGINE_SHM_MIN_RANKS
+        )
+        staged = flat_dst is not flat_src and flat_dst.nbytes >= _STAGE_IN_PLACE_BYTES and algorithm != "shm"
+        if sig.prescale != 1.0 or staged:
             if flat_dst is not flat_src:
                 flat_dst[...] = flat_src
             if sig.prescale != 1.0:
@@ -227,7 +232,7 @@ class Execution(EngineCore):
             flat_src,
             flat_dst,
             op,
-            self.settings.allreduce_algorithm,
+            algorithm,
             self._chunk,
             shm_min_ranks=ENGINE_SHM_MIN_RANKS,
             shm_round_bytes=ENGINE_SHM_ROUND_BYTES,
