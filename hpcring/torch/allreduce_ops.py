@@ -115,7 +115,7 @@ class HorovodAllreduce(torch.autograd.Function):  # type: ignore[misc]
         ctx: Any, tensor: Any, average: Any, name: Any, op: Any, pre: float, post: float, ps: Any
     ) -> Any:
         ctx.average, ctx.op, ctx.pre, ctx.post, ctx.ps = average, op, pre, post, ps
-        return wait_now(lambda: allreduce_async(tensor, average, name, op, pre, post, ps))
+        return _allreduce_now(tensor, average, name, op, pre, post, ps)
 
     @staticmethod
     def backward(ctx: Any, grad_output: Any) -> Any:
@@ -142,10 +142,19 @@ def allreduce(
 ) -> Any:
     """Average (default) or sum `tensor` over the ranks; differentiable; the input is not modified."""
     compressed, cctx = compression.compress(tensor)
-    reduced = HorovodAllreduce.apply(
-        compressed, average, name, op, prescale_factor, postscale_factor, process_set
-    )
+    args = (compressed, average, name, op, prescale_factor, postscale_factor, process_set)
+    if compressed.requires_grad and torch.is_grad_enabled():
+        reduced = HorovodAllreduce.apply(*args)
+    else:  # nothing to differentiate: the same op without the autograd Function's 5-10 us (a metric, a loss)
+        reduced = _allreduce_now(*args)
     return compression.decompress(reduced, cctx)
+
+
+def _allreduce_now(
+    tensor: Any, average: Any, name: Any, op: Any, pre: float, post: float, ps: ProcessSet
+) -> Any:
+    """The out-of-place allreduce, waited for (the synchronous op, with and without autograd)."""
+    return wait_now(lambda: allreduce_async(tensor, average, name, op, pre, post, ps))
 
 
 def allreduce_(

@@ -18,6 +18,22 @@ def test_allreduce_backward_allreduces_the_gradient(hvd: ModuleType) -> None:
     assert torch.allclose(z.grad, torch.full((2,), 2.0))  # Average of ones, times the postscale
 
 
+def test_allreduce_builds_a_graph_only_when_a_gradient_can_flow(hvd: ModuleType) -> None:
+    """Without a gradient to carry (an input that does not require one, or grad mode off) allreduce skips the
+    autograd Function; the result is the same tensor either way, with a graph only where one is needed."""
+    n, r = hvd.size(), hvd.rank()
+    want = torch.full((3,), float(n * (n - 1) // 2))
+    plain = hvd.allreduce(torch.full((3,), float(r)), op=hvd.Sum)
+    assert plain.grad_fn is None and not plain.requires_grad and torch.equal(plain, want)
+    w = torch.full((3,), float(r), requires_grad=True)
+    tracked = hvd.allreduce(w, op=hvd.Sum)
+    assert tracked.grad_fn is not None and torch.equal(tracked.detach(), want)
+    with torch.no_grad():
+        untracked = hvd.allreduce(w, op=hvd.Sum)
+    assert untracked.grad_fn is None and not untracked.requires_grad and torch.equal(untracked, want)
+    assert w.grad is None and torch.equal(w.detach(), torch.full((3,), float(r)))
+
+
 def test_allgather_backward_average_then_slice(hvd: ModuleType) -> None:
     n, r = hvd.size(), hvd.rank()
     x = torch.ones(r + 1, 2, requires_grad=True)
