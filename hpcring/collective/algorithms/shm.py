@@ -19,9 +19,9 @@ A contiguous buffer (`shm_allreduce`: a tensor, a gradient bucket) moves less: n
 of rank r's input, so rank r copies only the other parts into its slot, reduces its own part reading its own
 input where it lies, writes the result into the result region (for the others) and into its own output, and
 copies only the other parts out. Per rank that is (n-1)/n of the buffer in and out instead of all of it:
-at 2 ranks 4 buffer-lengths of memory traffic instead of 5.5, measured 22-27 % faster at 2 ranks and
-about 20 % at 4 (docs/bench-collectives.md). Operands are still combined in rank order, so the result is
-the same bits as the general round's.
+at 2 ranks 4 buffer-lengths of memory traffic instead of 5.5, measured 22-27 % faster at 2 ranks and up to
+20 % at 4 (docs/collectives.md, "Shared memory"). Operands are still combined in rank order, so the result
+is the same bits as the general round's.
 
 The result region is separate from the slots, so one set of buffers is enough: a rank rewrites its slot only
 after the round's second barrier (nobody reads slots after it), and the result region only after the next
