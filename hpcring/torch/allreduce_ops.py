@@ -143,7 +143,7 @@ def allreduce(
     """Average (default) or sum `tensor` over the ranks; differentiable; the input is not modified."""
     compressed, cctx = compression.compress(tensor)
     args = (compressed, average, name, op, prescale_factor, postscale_factor, process_set)
-    if compressed.requires_grad and torch.is_grad_enabled():
+    if getattr(compressed, "requires_grad", False) and torch.is_grad_enabled():  # not a tensor: refused below
         reduced = HorovodAllreduce.apply(*args)
     else:  # nothing to differentiate: the same op without the autograd Function's 5-10 us (a metric, a loss)
         reduced = _allreduce_now(*args)
