@@ -9,6 +9,7 @@ from hpcring import _deps
 from hpcring.collective import dtypes
 from hpcring.collective.engine import OpType, ProcessSet, global_process_set
 from hpcring.torch.compression import Compression
+from hpcring.torch.graph import run_op
 from hpcring.torch.op_handles import (
     _OP_NAMES,
     _group_names,
@@ -115,7 +116,7 @@ class HorovodAllreduce(torch.autograd.Function):  # type: ignore[misc]
         ctx: Any, tensor: Any, average: Any, name: Any, op: Any, pre: float, post: float, ps: Any
     ) -> Any:
         ctx.average, ctx.op, ctx.pre, ctx.post, ctx.ps = average, op, pre, post, ps
-        return _allreduce_now(tensor, average, name, op, pre, post, ps)
+        return wait_now(lambda: allreduce_async(tensor, average, name, op, pre, post, ps))
 
     @staticmethod
     def backward(ctx: Any, grad_output: Any) -> Any:
@@ -143,18 +144,8 @@ def allreduce(
     """Average (default) or sum `tensor` over the ranks; differentiable; the input is not modified."""
     compressed, cctx = compression.compress(tensor)
     args = (compressed, average, name, op, prescale_factor, postscale_factor, process_set)
-    if getattr(compressed, "requires_grad", False) and torch.is_grad_enabled():  # not a tensor: refused below
-        reduced = HorovodAllreduce.apply(*args)
-    else:  # nothing to differentiate: the same op without the autograd Function's 5-10 us (a metric, a loss)
-        reduced = _allreduce_now(*args)
+    reduced = run_op(HorovodAllreduce, (compressed,), *args)
     return compression.decompress(reduced, cctx)
-
-
-def _allreduce_now(
-    tensor: Any, average: Any, name: Any, op: Any, pre: float, post: float, ps: ProcessSet
-) -> Any:
-    """The out-of-place allreduce, waited for (the synchronous op, with and without autograd)."""
-    return wait_now(lambda: allreduce_async(tensor, average, name, op, pre, post, ps))
 
 
 def allreduce_(
@@ -260,8 +251,17 @@ def grouped_allreduce(
 ) -> list[Any]:
     """Allreduce a list of tensors together; differentiable; inputs unchanged."""
     pairs = [compression.compress(t) for t in tensors]
-    reduced = HorovodGroupedAllreduce.apply(
-        average, name, op, prescale_factor, postscale_factor, process_set, *[p[0] for p in pairs]
+    wire = [p[0] for p in pairs]
+    reduced = run_op(
+        HorovodGroupedAllreduce,
+        wire,
+        average,
+        name,
+        op,
+        prescale_factor,
+        postscale_factor,
+        process_set,
+        *wire,
     )
     return [compression.decompress(r, p[1]) for r, p in zip(reduced, pairs, strict=True)]
 

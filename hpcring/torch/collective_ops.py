@@ -15,6 +15,7 @@ from hpcring.collective.engine import OpType, ProcessSet, global_process_set
 from hpcring.torch import basics
 from hpcring.torch.allreduce_ops import allreduce
 from hpcring.torch.compression import Compression
+from hpcring.torch.graph import run_op
 from hpcring.torch.op_handles import (
     _OPS,
     Average,
@@ -76,7 +77,7 @@ class HorovodAllgather(torch.autograd.Function):  # type: ignore[misc]
 
 def allgather(tensor: Any, name: str | None = None, process_set: ProcessSet = global_process_set) -> Any:
     """Concatenation of every rank's `tensor` along dim 0; differentiable."""
-    return HorovodAllgather.apply(tensor, name, process_set)
+    return run_op(HorovodAllgather, (tensor,), tensor, name, process_set)
 
 
 def grouped_allgather_async(
@@ -114,7 +115,7 @@ def grouped_allgather(
     tensors: Sequence[Any], name: str | None = None, process_set: ProcessSet = global_process_set
 ) -> tuple[Any, ...]:
     """Allgather a list of tensors together; differentiable. A tuple, as Horovod's (autograd's) result."""
-    return tuple(HorovodGroupedAllgather.apply(name, process_set, *tensors))
+    return tuple(run_op(HorovodGroupedAllgather, tensors, name, process_set, *tensors))
 
 
 # ---------------------------------------------------------------------- broadcast
@@ -192,7 +193,7 @@ def broadcast(
     tensor: Any, root_rank: int, name: str | None = None, process_set: ProcessSet = global_process_set
 ) -> Any:
     """root_rank's `tensor` on every rank; differentiable; the input is not modified."""
-    return HorovodBroadcast.apply(tensor, root_rank, name, process_set)
+    return run_op(HorovodBroadcast, (tensor,), tensor, root_rank, name, process_set)
 
 
 def broadcast_(
@@ -287,7 +288,7 @@ def alltoall(
 
     Returns the output tensor, or (output, received_splits) when `splits` is given (as Horovod).
     """
-    output, received = HorovodAlltoall.apply(tensor, splits, name, process_set)
+    output, received = run_op(HorovodAlltoall, (tensor,), tensor, splits, name, process_set)
     return output if splits is None else (output, received)
 
 
@@ -369,7 +370,8 @@ def reducescatter(
 ) -> Any:
     """Reduce `tensor` over the ranks (Average by default) and return this rank's block of rows."""
     compressed, cctx = compression.compress(tensor)
-    out = HorovodReducescatter.apply(compressed, name, op, process_set, prescale_factor, postscale_factor)
+    args = (compressed, name, op, process_set, prescale_factor, postscale_factor)
+    out = run_op(HorovodReducescatter, (compressed,), *args)
     return compression.decompress(out, cctx)
 
 
@@ -415,8 +417,9 @@ def grouped_reducescatter(
 ) -> list[Any]:
     """Reducescatter a list of tensors together; differentiable."""
     pairs = [compression.compress(t) for t in tensors]
-    outs = HorovodGroupedReducescatter.apply(
-        name, op, process_set, prescale_factor, postscale_factor, *[p[0] for p in pairs]
+    wire = [p[0] for p in pairs]
+    outs = run_op(
+        HorovodGroupedReducescatter, wire, name, op, process_set, prescale_factor, postscale_factor, *wire
     )
     return [compression.decompress(o, p[1]) for o, p in zip(outs, pairs, strict=True)]
 
