@@ -65,7 +65,7 @@ def _op_name(op: Any, what: str) -> str:
     if op is Adasum:
         raise ConfigError(f"{what}: op=Adasum is not implemented in hpcring yet; use hvd.Average or hvd.Sum")
     if isinstance(op, ReduceOp):
-        return _OPS[op]
+        return _OP_NAMES[id(op)]
     raise ConfigError(
         f"{what}: unknown op {op!r}; allowed: hvd.Average, hvd.Sum, hvd.Min, hvd.Max or hvd.Product"
     )
@@ -102,11 +102,6 @@ def _name(prefix: str, name: str | None, process_set: ProcessSet | None = None) 
     a set a rank is not in do not shift its numbering) and per init() (a re-initialised job starts at 0)."""
     if name is not None:
         return f"{prefix}.{name}"
-    return _unnamed(prefix, process_set)
-
-
-def _unnamed(prefix: str, process_set: ProcessSet | None) -> str:
-    """The next `<op>.noname.<n>` of this op kind and process set (`_name`)."""
     key = (basics.generation(), basics._set_id(process_set), prefix)
     with _names_lock:
         counter = _noname.setdefault(key, itertools.count())

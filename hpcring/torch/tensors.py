@@ -16,7 +16,7 @@ from hpcring.collective.engine import Handle, OpType, ProcessSet, Request, Signa
 from hpcring.collective.engine import device as device_plane
 from hpcring.collective.engine.request import signature_shape
 from hpcring.torch import basics
-from hpcring.torch.op_handles import _tls, _unnamed
+from hpcring.torch.op_handles import _name, _tls
 
 _deps.torch()  # a missing torch becomes BackendUnavailable naming the install command
 import torch  # noqa: E402
@@ -195,9 +195,14 @@ def _submit(
         float(postscale),
         device,
     )
-    req = Request(sig, set_id, data, out, splits)
+    return _queue(Request(sig, set_id, data, out, splits))
+
+
+def _queue(req: Request) -> Handle:
+    """Hand `req` to the engine, or to the grouped call being built on this thread (`_submit_group` queues
+    the group's requests together)."""
     batch: list[Request] | None = _tls.batch
-    if batch is not None:  # inside a grouped call: queued together by _submit_group
+    if batch is not None:
         batch.append(req)
         return req.handle
     return basics.engine().submit(req)
@@ -252,14 +257,9 @@ def host_allreduce(
         out = output.numpy()
     else:
         return None
-    full = f"allreduce.{name}" if name is not None else _unnamed("allreduce", process_set)
+    full = _name("allreduce", name, process_set)
     sig = _new_signature((full, _ALLREDUCE, dtype, tuple(tensor.shape), op_name, -1, pre, post, "cpu", ()))
-    req = Request(sig, set_id, data, out)
-    batch: list[Request] | None = _tls.batch
-    if batch is not None:  # inside a grouped call: queued together by _submit_group
-        batch.append(req)
-        return req.handle
-    return engine.submit(req)
+    return _queue(Request(sig, set_id, data, out))
 
 
 def _check_scale(value: Any, what: str, which: str) -> float:
