@@ -74,24 +74,24 @@ def run_allreduce(
     (AVERAGE's or a postscale's scaling, element-wise) is applied to the result: by shared memory to each
     part by its owner inside the round (1/n of the buffer per rank), by the others to all of dst after."""
     t = topo.transport()
-    exact = _exact(t, src.dtype, op)
     algorithm = pick_allreduce(topo, src, op, algorithm, shm_min_ranks)
     if algorithm == "shm":
         if shared_memory_allreduce(topo, src, dst, op, shm_round_bytes, finish):
             return algorithm
         algorithm = "ring"
     if algorithm == "native":
-        if not exact or not src.size:
+        if not _exact(t, src.dtype, op) or not src.size:
             native_allreduce(t, src, dst, op)  # widening, or nothing to do
         elif dst is src:
             t.allreduce(dst, op)
         else:
             t.allreduce(dst, op, sendbuf=src)
-    elif algorithm == "ring":
-        ring_allreduce(t, src, dst, op, chunk_bytes(DEFAULT_CHUNK_BYTES) if chunk is None else chunk)
     else:
         chunk = chunk_bytes(DEFAULT_CHUNK_BYTES) if chunk is None else chunk
-        hierarchical_allreduce(topo.node_layout(), src, dst, op, chunk)
+        if algorithm == "ring":
+            ring_allreduce(t, src, dst, op, chunk)
+        else:
+            hierarchical_allreduce(topo.node_layout(), src, dst, op, chunk)
     if finish is not None:
         finish(dst)
     return algorithm
