@@ -9,6 +9,7 @@ broadcast. There `run_op` runs the Function's forward alone, with a throwaway co
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterable
 from typing import Any
 
@@ -29,9 +30,17 @@ class _NoGraph:
         pass
 
 
+_REQUIRES_GRAD = operator.attrgetter("requires_grad")
+
+
 def run_op(function: Any, inputs: Iterable[Any], *args: Any) -> Any:
     """`function.apply(*args)` where a gradient can flow into one of `inputs` (grad mode on and an input
     that requires one); otherwise `function.forward` alone."""
-    if torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in inputs):
-        return function.apply(*args)
+    if torch.is_grad_enabled():
+        try:
+            needed = any(map(_REQUIRES_GRAD, inputs))  # a C-level pass: this runs on every synchronous op
+        except AttributeError:  # not a tensor: the op itself refuses it, in its own words
+            needed = False
+        if needed:
+            return function.apply(*args)
     return function.forward(_NoGraph(), *args)
