@@ -38,7 +38,7 @@ def table(rm: object) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    from hpcring.schedulers import mapping, options, plan
+    from hpcring.schedulers import mapping, options, registry
 
     prof = options.load_profile(args)
     rm = mapping.build(prof, options.job_from_args(args))
@@ -48,14 +48,14 @@ def main(args: argparse.Namespace) -> int:
     elif args.format == "json":
         out.write("[\n" + ",\n".join(rm.json_lines()) + "\n]\n")
     elif args.format == "erf":
-        out.write(plan.launcher("jsrun").map_text(rm, {}))
+        out.write(registry.launcher("jsrun").map_text(rm, {}))
         print("# launch with: jsrun --erf_input FILE.erf COMMAND", file=sys.stderr)
     elif args.format == "rankfile":
-        out.write(plan.launcher("mpirun").map_text(rm, {}))
+        out.write(registry.launcher("mpirun").map_text(rm, {}))
         print(
             f"# launch with: mpirun -n {rm.shape.ranks} --map-by rankfile:FILE=FILE:HWTCPUS COMMAND",
             file=sys.stderr,
         )
     else:  # a launcher's own notation: srun flags, mpiexec flags and GPU wrapper, flux run flags
-        out.write(plan.launcher(args.format).map_text(rm, {}))
+        out.write(registry.launcher(args.format).map_text(rm, {}))
     return 0

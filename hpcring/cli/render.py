@@ -28,7 +28,7 @@ def write_script(text: str, files: list[tuple[str, str]], path: Path) -> None:
 
 def prepare(args: argparse.Namespace, out: Path | None) -> tuple[object, str]:
     """(plan, script text) for the parsed flags; extra files go next to `out` unless --inline-files."""
-    from hpcring.schedulers import mapping, options, plan, render
+    from hpcring.schedulers import mapping, options, plan, planner, render
 
     prof = options.load_profile(args)
     job = options.job_from_args(args)
@@ -39,7 +39,7 @@ def prepare(args: argparse.Namespace, out: Path | None) -> tuple[object, str]:
         opts = plan.RenderOptions()
     from hpcring.launch.elastic import batch
 
-    p = batch.apply(plan.build(rm, job, opts, launcher_name=args.launcher), job)
+    p = batch.apply(planner.build(rm, job, opts, launcher_name=args.launcher), job)
     return p, render.render(p)
 
 

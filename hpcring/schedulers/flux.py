@@ -7,10 +7,11 @@ Flux reads `# flux:` lines with shell-like quoting (Python's shlex), so values g
 
 from __future__ import annotations
 
+from hpcring.schedulers.interfaces import Scheduler
 from hpcring.schedulers.job import JobSpec
 from hpcring.schedulers.launchers.flux_run import resources
 from hpcring.schedulers.mapping import RankMap
-from hpcring.schedulers.plan import Directive, Scheduler, register_scheduler
+from hpcring.schedulers.plan import Directive
 from hpcring.schedulers.shell import Raw, check_line_safe
 
 
@@ -19,16 +20,6 @@ def duration(seconds: int) -> str:
     return f"{seconds // 60}m" if seconds % 60 == 0 else f"{seconds}s"
 
 
-def _flag(text: str) -> Directive:
-    """ "-N 2" or "--setattr=a=b" -> a Directive."""
-    if text.startswith("--"):
-        flag, sep, value = text.partition("=")
-        return Directive(flag, value if sep else None)
-    flag, _, value = text.partition(" ")
-    return Directive(flag, value or None, " ")
-
-
-@register_scheduler
 class Flux(Scheduler):
     name = "flux"
     directive_prefix = "# flux:"
@@ -38,7 +29,7 @@ class Flux(Scheduler):
     def directives(self, rm: RankMap, job: JobSpec, account: str | None) -> list[Directive]:
         opts = rm.profile.site.flux
         out = [Directive("--job-name", job.name)]
-        out += [_flag(f) for f in resources(rm)]
+        out += [Directive.from_text(f) for f in resources(rm)]
         out.append(Directive("-t", duration(rm.shape.time_s), " "))
         if rm.shape.partition is not None:
             out.append(Directive("-q", rm.shape.partition.name, " "))
@@ -53,7 +44,7 @@ class Flux(Scheduler):
         if job.error:
             out.append(Directive("--error", job.error))
         for extra in opts.extra_directives:
-            out.append(_flag(check_line_safe(extra, "site.flux.extra_directives entry")))
+            out.append(Directive.from_text(check_line_safe(extra, "site.flux.extra_directives entry")))
         return out
 
     def master_addr(self, rm: RankMap) -> Raw:

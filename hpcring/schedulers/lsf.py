@@ -5,13 +5,13 @@ argument)."""
 from __future__ import annotations
 
 from hpcring.schedulers import walltime
+from hpcring.schedulers.interfaces import Scheduler
 from hpcring.schedulers.job import JobSpec
 from hpcring.schedulers.mapping import RankMap
-from hpcring.schedulers.plan import Directive, Scheduler, register_scheduler
+from hpcring.schedulers.plan import Directive
 from hpcring.schedulers.shell import Raw, check_line_safe
 
 
-@register_scheduler
 class Lsf(Scheduler):
     name = "lsf"
     directive_prefix = "#BSUB"

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import re
 
+from hpcring.schedulers.interfaces import Scheduler
 from hpcring.schedulers.job import JobSpec
 from hpcring.schedulers.mapping import RankMap
-from hpcring.schedulers.plan import Directive, Scheduler, register_scheduler
+from hpcring.schedulers.plan import Directive
 from hpcring.schedulers.shell import Raw, check_line_safe
 
 # qsub takes job names of letters, digits and `_ . -` (PBS Pro's reference: up to 236 characters); anything
@@ -51,7 +52,6 @@ def select(rm: RankMap) -> str:
     return chunk
 
 
-@register_scheduler
 class Pbs(Scheduler):
     name = "pbs"
     directive_prefix = "#PBS"

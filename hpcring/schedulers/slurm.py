@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from hpcring.schedulers import walltime
+from hpcring.schedulers.interfaces import Scheduler
 from hpcring.schedulers.job import JobSpec
 from hpcring.schedulers.launchers.srun import task_flags
 from hpcring.schedulers.mapping import RankMap
-from hpcring.schedulers.plan import Directive, Scheduler, register_scheduler
+from hpcring.schedulers.plan import Directive
 from hpcring.schedulers.shell import Raw, check_line_safe
 
 
@@ -16,7 +17,6 @@ def _flag(text: str) -> Directive:
     return Directive(flag, value if sep else None)
 
 
-@register_scheduler
 class Slurm(Scheduler):
     name = "slurm"
     directive_prefix = "#SBATCH"

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from hpcring.schedulers import mapping, plan, profile, render
+from hpcring.schedulers import mapping, plan, planner, profile, render
 from hpcring.schedulers.job import JobSpec, Step
 
 HERE = Path(__file__).resolve().parent
@@ -26,7 +26,7 @@ def make_plan(profile_name: str, *, options: plan.RenderOptions | None = None, *
         job["steps"] = (Step(tuple(command)),)
     spec = JobSpec(**job)
     prof = profile.load(profile_name)
-    return plan.build(mapping.build(prof, spec), spec, options)
+    return planner.build(mapping.build(prof, spec), spec, options)
 
 
 def render_plan(p: plan.Plan) -> str:

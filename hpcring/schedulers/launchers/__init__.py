@@ -1,1 +1,2 @@
-"""Launchers (srun, jsrun, mpirun): RankMap -> argv and the files they read. Each module registers itself."""
+"""Launchers (srun, jsrun, mpirun, mpiexec, flux run): RankMap -> argv and the files they read; `registry`
+finds them by name."""

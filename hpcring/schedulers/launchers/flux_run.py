@@ -13,8 +13,8 @@ import shlex
 from collections.abc import Sequence
 
 from hpcring.schedulers import cpuset
+from hpcring.schedulers.interfaces import Launcher
 from hpcring.schedulers.mapping import RankMap
-from hpcring.schedulers.plan import Launcher, register_launcher
 
 
 def resources(rm: RankMap) -> list[str]:
@@ -55,7 +55,6 @@ def flags(rm: RankMap) -> list[str]:
     return [*words, *affinity(rm)]
 
 
-@register_launcher
 class FluxRun(Launcher):
     name = "flux"
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from hpcring.schedulers import cpuset
+from hpcring.schedulers.interfaces import Launcher
 from hpcring.schedulers.mapping import RankMap, Slot
-from hpcring.schedulers.plan import Launcher, register_launcher
 
 
 def _braces(values: Sequence[int]) -> str:
@@ -40,7 +40,6 @@ def erf(rm: RankMap) -> str:
     return "\n".join(lines) + "\n"
 
 
-@register_launcher
 class Jsrun(Launcher):
     name = "jsrun"
 

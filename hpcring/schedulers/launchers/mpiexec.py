@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from hpcring.schedulers import cpuset, site_options
+from hpcring.schedulers.interfaces import Launcher
 from hpcring.schedulers.launchers import mpiexec_affinity
 from hpcring.schedulers.mapping import RankMap
-from hpcring.schedulers.plan import Launcher, register_launcher
 
 AFFINITY = "affinity"  # suffix of the wrapper file (and of its variable, HPCRING_AFFINITY)
 
@@ -55,7 +55,6 @@ def flags(rm: RankMap) -> list[str]:
     return ["-n", str(s.ranks), "-ppn", str(s.max_ranks_per_node), "-bind-to", hydra_bind(rm)]
 
 
-@register_launcher
 class Mpiexec(Launcher):
     name = "mpiexec"
     node_files = frozenset({AFFINITY})

@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from hpcring.schedulers import cpuset
+from hpcring.schedulers.interfaces import Launcher
 from hpcring.schedulers.mapping import RankMap
 from hpcring.schedulers.model import Node
-from hpcring.schedulers.plan import Launcher, register_launcher
 from hpcring.schedulers.shell import Raw
 
 
@@ -41,7 +41,6 @@ def _openmpi(rm: RankMap) -> bool:
     return rm.profile.site.mpi not in ("mpich", "cray-mpich", "intel-mpi")
 
 
-@register_launcher
 class Mpirun(Launcher):
     name = "mpirun"
 

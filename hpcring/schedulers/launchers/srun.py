@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from hpcring.schedulers import cpuset
+from hpcring.schedulers.interfaces import Launcher
 from hpcring.schedulers.mapping import RankMap
-from hpcring.schedulers.plan import Launcher, register_launcher
 
 
 def cpu_bind(rm: RankMap) -> str:
@@ -52,7 +52,6 @@ def task_flags(rm: RankMap) -> list[str]:
     return flags
 
 
-@register_launcher
 class Srun(Launcher):
     name = "srun"
 
