@@ -10,11 +10,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from hpcring import __version__
+from hpcring.cli.help_text import HelpFormatter, epilog
 from hpcring.errors import ConfigError, HpcringError, JobShapeError, ProfileError
 
 DESCRIPTION = (
@@ -91,28 +91,11 @@ SUBCOMMANDS: dict[str, Subcommand] = {
 }
 
 
-class HelpFormatter(argparse.HelpFormatter):
-    """Wraps prose to the terminal and keeps indented lines (the examples) exactly as written."""
-
-    def _fill_text(self, text: str, width: int, indent: str) -> str:
-        lines = [
-            indent + line
-            if not line or line.startswith("  ")
-            else textwrap.fill(line, width, initial_indent=indent, subsequent_indent=indent)
-            for line in text.splitlines()
-        ]
-        return "\n".join(lines)
-
-
-def _epilog(examples: Sequence[str]) -> str:
-    return "examples:\n" + "\n".join(f"  {e}" for e in examples)
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hpcring",
         description=DESCRIPTION,
-        epilog=_epilog([*SUBCOMMANDS["run"].examples[:1], *SUBCOMMANDS["render"].examples[:1]])
+        epilog=epilog([*SUBCOMMANDS["run"].examples[:1], *SUBCOMMANDS["render"].examples[:1]])
         + "\n\n'hpcring COMMAND --help' tells more about each command.",
         formatter_class=HelpFormatter,
     )
@@ -131,7 +114,7 @@ def subcommand_parser(name: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=f"hpcring {name}",
         description=command.summary[0].upper() + command.summary[1:] + ".",
-        epilog=_epilog(command.examples),
+        epilog=epilog(command.examples),
         formatter_class=HelpFormatter,
     )
     module.register(parser)

@@ -11,7 +11,7 @@ import os
 import sys
 from pathlib import Path
 
-from hpcring.cli import HelpFormatter
+from hpcring.cli.help_text import HelpFormatter, epilog
 from hpcring.errors import ConfigError
 
 
@@ -29,8 +29,12 @@ def register(parser: argparse.ArgumentParser) -> None:
         description="Time allreduce from --minbytes to --maxbytes on every rank of the job, with each "
         "hpcring algorithm and with raw mpi4py Allreduce, and print an nccl-tests style table (algbw, "
         "busbw, ratio to raw MPI). Every flag also reads HPCRING_BENCH_<FLAG>.",
-        epilog="examples:\n  hpcring run -np 4 -- python -m hpcring bench allreduce -b 8 -e 64M -f 4\n"
-        "  hpcring bench allreduce -a native,ring -d float32,bfloat16 --json out.json",
+        epilog=epilog(
+            (
+                "hpcring run -np 4 -- python -m hpcring bench allreduce -b 8 -e 64M -f 4",
+                "hpcring bench allreduce -a native,ring -d float32,bfloat16 --json out.json",
+            )
+        ),
         formatter_class=HelpFormatter,
     )
     ar.add_argument("-b", "--minbytes", default=_env("MINBYTES", "8"), help="smallest size (K/M/G suffix)")
