@@ -7,17 +7,13 @@ Flux reads `# flux:` lines with shell-like quoting (Python's shlex), so values g
 
 from __future__ import annotations
 
+from hpcring.schedulers import walltime
 from hpcring.schedulers.interfaces import Scheduler
 from hpcring.schedulers.job import JobSpec
 from hpcring.schedulers.launchers.flux_run import resources
 from hpcring.schedulers.mapping import RankMap
 from hpcring.schedulers.plan import Directive
 from hpcring.schedulers.shell import Raw, check_line_safe
-
-
-def duration(seconds: int) -> str:
-    """Flux Standard Duration (RFC 23): whole minutes as `90m`, else seconds."""
-    return f"{seconds // 60}m" if seconds % 60 == 0 else f"{seconds}s"
 
 
 class Flux(Scheduler):
@@ -30,7 +26,7 @@ class Flux(Scheduler):
         opts = rm.profile.site.flux
         out = [Directive("--job-name", job.name)]
         out += [Directive.from_text(f) for f in resources(rm)]
-        out.append(Directive("-t", duration(rm.shape.time_s), " "))
+        out.append(Directive("-t", walltime.flux(rm.shape.time_s), " "))
         if rm.shape.partition is not None:
             out.append(Directive("-q", rm.shape.partition.name, " "))
         if account:

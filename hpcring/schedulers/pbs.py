@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 
+from hpcring.schedulers import walltime
 from hpcring.schedulers.interfaces import Scheduler
 from hpcring.schedulers.job import JobSpec
 from hpcring.schedulers.mapping import RankMap
@@ -26,13 +27,6 @@ def job_name(name: str) -> str:
     """The `-N` value for a job name: other characters become `_`, and it starts with a letter or digit."""
     safe = _NAME_BAD.sub("_", name).lstrip("_.-")
     return (safe or "job")[:NAME_MAX]
-
-
-def walltime(seconds: int) -> str:
-    """`-l walltime=` form: hours:minutes:seconds (hours may exceed 24)."""
-    h, rest = divmod(seconds, 3600)
-    m, s = divmod(rest, 60)
-    return f"{h:02d}:{m:02d}:{s:02d}"
 
 
 def select(rm: RankMap) -> str:
@@ -64,7 +58,7 @@ class Pbs(Scheduler):
             Directive("-N", job_name(job.name), " "),
             Directive("-l", select(rm), " "),
             Directive("-l", f"place={opts.place}", " "),
-            Directive("-l", f"walltime={walltime(rm.shape.time_s)}", " "),
+            Directive("-l", f"walltime={walltime.pbs(rm.shape.time_s)}", " "),
         ]
         if opts.filesystems:
             out.append(Directive("-l", "filesystems=" + ":".join(opts.filesystems), " "))

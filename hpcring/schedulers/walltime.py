@@ -1,4 +1,4 @@
-"""Walltimes: parse the forms Slurm accepts and print them for Slurm (`D-HH:MM:SS`) and LSF (`[HH:]MM`).
+"""Walltimes: parse the forms Slurm accepts, and print them as each scheduler takes them.
 
 One parser for profiles, job files and flags keeps "2:00:00" meaning the same thing everywhere.
 """
@@ -57,6 +57,18 @@ def lsf(seconds: int) -> str:
     """LSF `-W` form "HH:MM" (minutes rounded up: LSF has no seconds)."""
     minutes = -(-seconds // 60)
     return f"{minutes // 60}:{minutes % 60:02d}"
+
+
+def pbs(seconds: int) -> str:
+    """PBS `-l walltime=` form "HH:MM:SS" (hours may exceed 24)."""
+    h, rest = divmod(seconds, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h:02d}:{m:02d}:{s:02d}"
+
+
+def flux(seconds: int) -> str:
+    """Flux Standard Duration (RFC 23): whole minutes as `90m`, else seconds."""
+    return f"{seconds // 60}m" if seconds % 60 == 0 else f"{seconds}s"
 
 
 def human(seconds: int) -> str:

@@ -24,7 +24,7 @@ from pbs_flux_helpers import (
 )
 from sched_helpers import cli, make_plan, render_plan
 
-from hpcring.schedulers import flux, jobs_flux, mapping, profile, shell
+from hpcring.schedulers import jobs_flux, mapping, profile, shell, walltime
 from hpcring.schedulers.job import JobSpec
 
 VARIANTS = {
@@ -75,7 +75,7 @@ def test_plan_numbers(tmp_path: Path) -> None:
     assert ("--setattr", "system.bank=b1") in [(x.flag, x.value) for x in q.directives]
     assert ("--urgency", "8") in [(x.flag, x.value) for x in q.directives]
     assert "--exclusive" not in q.steps[0].argv and "cpu-affinity=off" in q.steps[0].argv
-    assert "-g" not in q.steps[0].argv and flux.duration(61) == "61s"
+    assert "-g" not in q.steps[0].argv and walltime.flux(61) == "61s"
 
 
 def test_directives_read_back_as_flux_splits_them() -> None:
