@@ -11,7 +11,7 @@ import argparse
 import time
 from collections.abc import Callable
 
-from hpcring.schedulers import mapping, planner, profile, render
+from hpcring.schedulers import jobscript, mapping, planner, profile
 from hpcring.schedulers.job import JobSpec, Step
 from hpcring.schedulers.launchers import jsrun, mpirun
 
@@ -38,7 +38,7 @@ def frontier(repeat: int) -> dict[str, float]:
     return {
         "map": best_of(repeat, map_only),
         "map+render script (srun)": best_of(
-            repeat, lambda: render.render(planner.build(mapping.build(prof, job), job))
+            repeat, lambda: jobscript.render(planner.build(mapping.build(prof, job), job))
         ),
         "map+json (all ranks)": best_of(repeat, lambda: ",\n".join(mapping.build(prof, job).json_lines())),
         "map+rankfile (all ranks)": best_of(repeat, lambda: mpirun.rankfile(mapping.build(prof, job))),
@@ -51,7 +51,7 @@ def summit(repeat: int) -> dict[str, float]:
     return {
         "map+ERF (27,648 ranks)": best_of(repeat, lambda: jsrun.erf(mapping.build(prof, job))),
         "map+render script with inline ERF": best_of(
-            repeat, lambda: render.render(planner.build(mapping.build(prof, job), job))
+            repeat, lambda: jobscript.render(planner.build(mapping.build(prof, job), job))
         ),
     }
 

@@ -28,7 +28,7 @@ def write_script(text: str, files: list[tuple[str, str]], path: Path) -> None:
 
 def prepare(args: argparse.Namespace, out: Path | None) -> tuple[object, str]:
     """(plan, script text) for the parsed flags; extra files go next to `out` unless --inline-files."""
-    from hpcring.schedulers import mapping, options, plan, planner, render
+    from hpcring.schedulers import jobscript, mapping, options, plan, planner
 
     prof = options.load_profile(args)
     job = options.job_from_args(args)
@@ -40,7 +40,7 @@ def prepare(args: argparse.Namespace, out: Path | None) -> tuple[object, str]:
     from hpcring.launch.elastic import batch
 
     p = batch.apply(planner.build(rm, job, opts, launcher_name=args.launcher), job)
-    return p, render.render(p)
+    return p, jobscript.render(p)
 
 
 def main(args: argparse.Namespace) -> int:

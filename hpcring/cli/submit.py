@@ -62,8 +62,7 @@ def _script_path(args: argparse.Namespace, name: str) -> Path:
 
 def main(args: argparse.Namespace) -> int:
     from hpcring.cli.render import prepare, write_script
-    from hpcring.schedulers import options
-    from hpcring.schedulers import submit as sub
+    from hpcring.schedulers import options, submission
     from hpcring.schedulers.plan import Plan
 
     job = options.job_from_args(args)
@@ -80,11 +79,11 @@ def main(args: argparse.Namespace) -> int:
         print(f"# would run: {shlex.join(argv)}")
         return 0
     write_script(text, [(f.path, f.content) for f in p.files if f.path], path)
-    job_id = sub.submit(p.scheduler, argv)
+    job_id = submission.submit(p.scheduler, argv)
     print(job_id, flush=True)
     if not args.wait:
         return 0
-    result = sub.wait(p.scheduler, job_id, poll=args.poll, timeout=args.wait_timeout)
+    result = submission.wait(p.scheduler, job_id, poll=args.poll, timeout=args.wait_timeout)
     print(
         f"hpcring submit: job {job_id} ended: {result.state}, exit code {result.exit_code}", file=sys.stderr
     )

@@ -6,16 +6,16 @@ from collections.abc import Mapping
 from typing import TypeVar
 
 from hpcring.errors import ConfigError, choices
-from hpcring.schedulers.flux import Flux
+from hpcring.schedulers.flux_batch import Flux
 from hpcring.schedulers.interfaces import Launcher, Scheduler
 from hpcring.schedulers.launchers.flux_run import FluxRun
 from hpcring.schedulers.launchers.jsrun import Jsrun
 from hpcring.schedulers.launchers.mpiexec import Mpiexec
 from hpcring.schedulers.launchers.mpirun import Mpirun
 from hpcring.schedulers.launchers.srun import Srun
-from hpcring.schedulers.lsf import Lsf
-from hpcring.schedulers.pbs import Pbs
-from hpcring.schedulers.slurm import Slurm
+from hpcring.schedulers.lsf_batch import Lsf
+from hpcring.schedulers.pbs_batch import Pbs
+from hpcring.schedulers.slurm_batch import Slurm
 
 SCHEDULERS: Mapping[str, type[Scheduler]] = {c.name: c for c in (Slurm, Lsf, Pbs, Flux)}
 LAUNCHERS: Mapping[str, type[Launcher]] = {c.name: c for c in (Srun, Jsrun, Mpirun, Mpiexec, FluxRun)}

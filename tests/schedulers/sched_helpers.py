@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from hpcring.schedulers import mapping, plan, planner, profile, render
+from hpcring.schedulers import jobscript, mapping, plan, planner, profile
 from hpcring.schedulers.job import JobSpec, Step
 
 HERE = Path(__file__).resolve().parent
@@ -30,7 +30,7 @@ def make_plan(profile_name: str, *, options: plan.RenderOptions | None = None, *
 
 
 def render_plan(p: plan.Plan) -> str:
-    return render.render(p)
+    return jobscript.render(p)
 
 
 def shellcheck(path: Path) -> subprocess.CompletedProcess[str]:

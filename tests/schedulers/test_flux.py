@@ -24,7 +24,7 @@ from pbs_flux_helpers import (
 )
 from sched_helpers import cli, make_plan, render_plan
 
-from hpcring.schedulers import jobs_flux, mapping, profile, shell, walltime
+from hpcring.schedulers import flux_jobs, mapping, profile, shell, walltime
 from hpcring.schedulers.job import JobSpec
 
 VARIANTS = {
@@ -115,7 +115,7 @@ def test_batch_script_under_standin_flux(nodes: int, rpn: int, gpr: int, tmp_pat
     )  # fmt: skip
     assert res.returncode == 0, res.stderr
     (job_id,) = res.stdout.splitlines()
-    assert job_id.startswith("ƒ") and jobs_flux.job_id(res.stdout) == job_id
+    assert job_id.startswith("ƒ") and flux_jobs.job_id(res.stdout) == job_id
     out = (tmp_path / f"flux-{job_id}.out").read_text()
     shape = mapping.resolve(
         profile.load("generic-flux"), JobSpec(nodes=nodes, ranks_per_node=rpn, gpus_per_rank=gpr)
@@ -167,14 +167,14 @@ def test_purged_job_and_dry_run(tmp_path: Path) -> None:
     [("COMPLETED", 0, 0), ("FAILED", 3, 3), ("FAILED", -9, 137), ("CANCELED", -128, 1), ("TIMEOUT", 0, 1)],
 )
 def test_exit_codes(result: str, rc: int, code: int) -> None:
-    assert jobs_flux.exit_code(result, rc) == code
+    assert flux_jobs.exit_code(result, rc) == code
 
 
 def test_job_id_parsing() -> None:
-    assert jobs_flux.job_id("ƒ2Ek1ZUx5bq\n") == "ƒ2Ek1ZUx5bq"
-    assert jobs_flux.job_id("f2Ek1ZUx5bq\n") == "f2Ek1ZUx5bq"
-    assert jobs_flux.job_id("1234567\n") == "1234567"
-    assert jobs_flux.job_id("error\n") is None
+    assert flux_jobs.job_id("ƒ2Ek1ZUx5bq\n") == "ƒ2Ek1ZUx5bq"
+    assert flux_jobs.job_id("f2Ek1ZUx5bq\n") == "f2Ek1ZUx5bq"
+    assert flux_jobs.job_id("1234567\n") == "1234567"
+    assert flux_jobs.job_id("error\n") is None
 
 
 def test_standin_refuses_bad_directive(tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from sched_helpers import make_plan, render_plan
 
 from hpcring.errors import ConfigError
-from hpcring.schedulers import containers, pbs, profile, shell
+from hpcring.schedulers import containers, pbs_batch, profile, shell
 from hpcring.schedulers.model import HostMpi
 
 RECORDER = """#!{python}
@@ -170,7 +170,7 @@ def check(profile: str, payload: str, box: dict[str, Any], **extra: Any) -> None
     prefixes = ("#SBATCH --job-name=", "#BSUB -J ", "# flux: --job-name=", "#PBS -N ")
     (line,) = [ln for ln in render_plan(p).splitlines() if ln.startswith(prefixes)]
     prefix = next(x for x in prefixes if line.startswith(x))
-    expected = pbs.job_name(name) if prefix == "#PBS -N " else name
+    expected = pbs_batch.job_name(name) if prefix == "#PBS -N " else name
     assert shell.parse_directive_value(line[len(prefix) :]) == expected
 
 

@@ -28,7 +28,7 @@ from pbs_flux_helpers import (
 from sched_helpers import cli, make_plan, render_plan
 
 from hpcring.errors import ProfileError
-from hpcring.schedulers import jobs_pbs, mapping, pbs, profile
+from hpcring.schedulers import mapping, pbs_batch, pbs_jobs, profile
 from hpcring.schedulers.job import JobSpec, Step
 from hpcring.schedulers.launchers import mpiexec_affinity
 
@@ -116,8 +116,8 @@ def test_pals_needs_cray_mpich(tmp_path: Path) -> None:
     ("name", "expected"), [("it's a job", "it_s_a_job"), ("-x", "x"), ("", "job"), ("ü", "job")]
 )
 def test_job_name_for_qsub(name: str, expected: str) -> None:
-    assert pbs.job_name(name) == expected
-    assert pbs.job_name("a" * 300) == "a" * 236
+    assert pbs_batch.job_name(name) == expected
+    assert pbs_batch.job_name("a" * 300) == "a" * 236
 
 
 @pytest.mark.parametrize("dialect", ["hydra", "pals"])
@@ -276,12 +276,12 @@ def test_submit_refused(tmp_path: Path) -> None:
     ],
 )
 def test_job_id_parsing(stdout: str, job_id: str | None) -> None:
-    assert jobs_pbs.job_id(stdout) == job_id
+    assert pbs_jobs.job_id(stdout) == job_id
 
 
 @pytest.mark.parametrize(("status", "code"), [(0, 0), (3, 3), (137, 137), (265, 137), (271, 143), (-1, 1)])
 def test_exit_status_to_exit_code(status: int, code: int) -> None:
-    assert jobs_pbs.exit_code(status) == code
+    assert pbs_jobs.exit_code(status) == code
 
 
 def test_tiles_select_gpu_tile_pairs(tmp_path: Path) -> None:

@@ -310,7 +310,7 @@ def test_templates_ship_in_the_wheel(tmp_path: Path) -> None:
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
     code = (
-        "import hpcring.schedulers.render as r, sys; "
+        "import hpcring.schedulers.jobscript as r, sys; "
         f"assert r.__file__.startswith({str(site)!r}), r.__file__; "
         f"assert r.template_roots()[0].is_relative_to({str(site)!r}); "
         "from hpcring.cli import main; "

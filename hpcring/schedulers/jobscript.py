@@ -1,10 +1,8 @@
-"""Jinja2 rendering of a Plan: StrictUndefined, quoting filters, templates from `slurm/`, `lsf/`,
-`singularity/`.
+"""The job script: a Plan formatted by its scheduler's Jinja2 template (StrictUndefined, quoting filters).
 
-The templates live at the top of the repository (where site admins look for them) and ship in the wheel
-through
-the `hpcring/schedulers/templates/<dir>` links; the loader looks in the installed package first, then in the
-source tree, so both layouts work.
+The templates live at the top of the repository (`slurm/`, `lsf/`, `pbs/`, `flux/`, `singularity/`, where site
+admins look for them) and ship in the wheel through the `hpcring/schedulers/templates/<dir>` links; the loader
+looks in the installed package first, then in the source tree, so both layouts work.
 """
 
 from __future__ import annotations
@@ -18,12 +16,11 @@ from hpcring.errors import HpcringError
 from hpcring.schedulers import shell
 from hpcring.schedulers.plan import Directive, Plan
 
-TEMPLATE_DIRS = ("slurm", "lsf", "pbs", "flux", "singularity")
 _HEREDOC = "HPCRING_EOF"
 
 
 def template_roots() -> list[Path]:
-    """Directories holding `slurm/`, `lsf/` and `singularity/`: the package's copy, then the source tree's."""
+    """Directories holding the template folders: the package's copy, then the source tree's."""
     here = Path(__file__).resolve().parent
     candidates = [here / "templates", here.parent.parent]
     roots = [c for c in candidates if (c / "slurm" / "job.sh.j2").is_file()]
