@@ -68,7 +68,7 @@ def _init(args: argparse.Namespace) -> int:
     import socket
     from pathlib import Path
 
-    from hpcring.schedulers.init import compose, probe, sysfs, writer
+    from hpcring.schedulers.profile_init import compose, probe, sysfs, writer
 
     def opt(value: str | None, var: str) -> str | None:
         return value if value is not None else (os.environ.get(var) or None)
@@ -88,7 +88,7 @@ def _init(args: argparse.Namespace) -> int:
         sysfs.read_tree(root), outputs, opt(args.name, "HPCRING_INIT_NAME"), socket.gethostname()
     )
     draft.notes.extend(notes)
-    text = writer.render(draft)
+    text = writer.profile_yaml(draft)
     from hpcring.schedulers import profile
 
     profile.parse(text, "profiles init (generated)")  # never hand out a file that does not validate

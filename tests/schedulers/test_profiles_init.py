@@ -15,7 +15,16 @@ from sched_helpers import cli, shellcheck
 
 from hpcring.errors import ProfileError
 from hpcring.schedulers import profile
-from hpcring.schedulers.init import flux, hwloc, lsf, nvidia, pbs, rocm, slurm, sysfs
+from hpcring.schedulers.profile_init import (
+    flux_facts,
+    hwloc,
+    lsf_facts,
+    nvidia,
+    pbs_facts,
+    rocm,
+    slurm_facts,
+    sysfs,
+)
 
 
 def _record(directory: Path, **outputs: str) -> Path:
@@ -250,33 +259,33 @@ def test_gpu_closest_cores_from_a_narrower_cpu_affinity(tmp_path: Path) -> None:
 
 def test_rocm_slurm_pbs_flux_lsf_parsers() -> None:
     assert [g.numa for g in rocm.parse(s.ROCM_TOPONUMA)] == [3, 3, 1, 1, 0, 0, 2, 2]
-    conf = slurm.config(s.SCONTROL_CONFIG)
-    assert conf["ClusterName"] == "gpucluster" and slurm.mpi_default(conf) == "pmix"
+    conf = slurm_facts.config(s.SCONTROL_CONFIG)
+    assert conf["ClusterName"] == "gpucluster" and slurm_facts.mpi_default(conf) == "pmix"
     assert (
-        slurm.mpi_default({"MpiDefault": "pmix_v4"}) == "pmix"
-        and slurm.mpi_default({"MpiDefault": "openmpi"}) is None
+        slurm_facts.mpi_default({"MpiDefault": "pmix_v4"}) == "pmix"
+        and slurm_facts.mpi_default({"MpiDefault": "openmpi"}) is None
     )
-    parts = slurm.partitions(s.SCONTROL_PARTITION)
+    parts = slurm_facts.partitions(s.SCONTROL_PARTITION)
     assert [(p.name, p.max_walltime_s, p.max_nodes, p.default) for p in parts] == [
         ("batch", 172800, 64, True),
         ("debug", 1800, 2, False),
         ("long", None, None, False),
     ]
-    assert [(q.name, q.max_walltime_s, q.default) for q in slurm.sinfo(s.SINFO)] == [
+    assert [(q.name, q.max_walltime_s, q.default) for q in slurm_facts.sinfo(s.SINFO)] == [
         ("batch", 172800, True),
         ("debug", 1800, False),
         ("long", None, False),
     ]
-    queues = pbs.queues(s.QSTAT_QF, pbs.default_queue(s.QSTAT_BF))
+    queues = pbs_facts.queues(s.QSTAT_QF, pbs_facts.default_queue(s.QSTAT_BF))
     assert [(q.name, q.max_walltime_s, q.max_nodes, q.default) for q in queues] == [
         ("debug", 3600, 2, True),
         ("prod", 86400, 496, False),
         ("workq", None, None, False),
     ]
-    res = flux.resources(s.FLUX_RESOURCES)
+    res = flux_facts.resources(s.FLUX_RESOURCES)
     assert res is not None and (res.nodes, res.cores, res.gpus) == (2, 16, 0)
-    assert flux.resources("error: unknown command\n") is None
-    assert lsf.queue_names(s.BQUEUES) == ["priority", "normal"]
+    assert flux_facts.resources("error: unknown command\n") is None
+    assert lsf_facts.queue_names(s.BQUEUES) == ["priority", "normal"]
 
 
 def test_hwloc_and_sysfs_parsers(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from hpcring.schedulers.init import slurm
+from hpcring.schedulers.profile_init import slurm_facts
 
 # source name -> the command whose standard output it is
 SOURCES: dict[str, tuple[str, ...]] = {
@@ -16,7 +16,7 @@ SOURCES: dict[str, tuple[str, ...]] = {
     "rocm-smi-toponuma": ("rocm-smi", "--showtoponuma"),
     "scontrol-config": ("scontrol", "show", "config"),
     "scontrol-partition": ("scontrol", "show", "partition"),
-    "sinfo": ("sinfo", "--noheader", f"--format={slurm.SINFO_FORMAT}"),
+    "sinfo": ("sinfo", "--noheader", f"--format={slurm_facts.SINFO_FORMAT}"),
     "qstat-queues": ("qstat", "-Qf"),
     "qstat-server": ("qstat", "-Bf"),
     "flux-resource": ("flux", "resource", "list"),

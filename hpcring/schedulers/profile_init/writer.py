@@ -7,7 +7,7 @@ from typing import Any
 
 import yaml
 
-from hpcring.schedulers.init.compose import Draft
+from hpcring.schedulers.profile_init.compose import Draft
 
 SCHEMA_URL = "https://github.com/hpcring/hpcring/schemas/profile.v2.schema.json"
 
@@ -30,7 +30,8 @@ def _block(key: str, value: Any, indent: str) -> list[str]:
     return [f"{indent}{key}: {_flow(value)}"]
 
 
-def render(draft: Draft) -> str:
+def profile_yaml(draft: Draft) -> str:
+    """The profile file's text."""
     lines = [
         f"# yaml-language-server: $schema={SCHEMA_URL}",
         f"# Written by `hpcring profiles init` from: {', '.join(draft.sources) or 'nothing it could read'}.",

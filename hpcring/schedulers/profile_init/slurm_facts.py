@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 
 from hpcring.schedulers import walltime
-from hpcring.schedulers.init.facts import QueueFact
+from hpcring.schedulers.profile_init.facts import QueueFact
 
 SLURM_MPI = ("none", "pmi2", "pmix", "cray_shasta")  # what profile site.slurm.mpi accepts
 SINFO_FORMAT = "%P|%l|%D"

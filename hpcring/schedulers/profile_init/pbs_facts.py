@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 from hpcring.schedulers import walltime
-from hpcring.schedulers.init.facts import QueueFact
+from hpcring.schedulers.profile_init.facts import QueueFact
 
 
 def _records(text: str, head: str) -> list[tuple[str, dict[str, str]]]:

@@ -13,9 +13,18 @@ from typing import Any
 
 from hpcring.errors import ProfileError
 from hpcring.schedulers import cpuset, walltime
-from hpcring.schedulers.init import flux, hwloc, lsf, nvidia, pbs, rocm, slurm, sysfs
-from hpcring.schedulers.init.facts import BatchFacts, CpuFacts, GpuFact, NicFact, QueueFact
-from hpcring.schedulers.init.probe import Outputs
+from hpcring.schedulers.profile_init import (
+    flux_facts,
+    hwloc,
+    lsf_facts,
+    nvidia,
+    pbs_facts,
+    rocm,
+    slurm_facts,
+    sysfs,
+)
+from hpcring.schedulers.profile_init.facts import BatchFacts, CpuFacts, GpuFact, NicFact, QueueFact
+from hpcring.schedulers.profile_init.probe import Outputs
 
 LAUNCHER = {"slurm": "srun", "pbs": "mpiexec", "flux": "flux", "lsf": "mpirun"}
 SELECTOR = {"slurm": "partition", "pbs": "queue", "lsf": "queue"}
@@ -151,17 +160,18 @@ def merge_nics(from_sys: list[NicFact], attached: list[NicFact]) -> list[NicFact
 
 def batch_facts(out: Outputs, sources: list[str]) -> BatchFacts | None:
     if "scontrol-config" in out or "scontrol-partition" in out or "sinfo" in out:
-        conf = slurm.config(out.get("scontrol-config", ""))
-        queues = slurm.partitions(out.get("scontrol-partition", "")) or slurm.sinfo(out.get("sinfo", ""))
+        conf = slurm_facts.config(out.get("scontrol-config", ""))
+        partitions = slurm_facts.partitions(out.get("scontrol-partition", ""))
+        queues = partitions or slurm_facts.sinfo(out.get("sinfo", ""))
         sources.append("Slurm (scontrol show config/partition, sinfo)")
         notes = (f"Slurm ClusterName={conf['ClusterName']}",) if "ClusterName" in conf else ()
-        return BatchFacts("slurm", tuple(queues), slurm.mpi_default(conf), notes)
-    if "qstat-queues" in out and pbs.is_pbs(out["qstat-queues"]):
+        return BatchFacts("slurm", tuple(queues), slurm_facts.mpi_default(conf), notes)
+    if "qstat-queues" in out and pbs_facts.is_pbs(out["qstat-queues"]):
         sources.append("PBS (qstat -Qf, qstat -Bf)")
-        default = pbs.default_queue(out.get("qstat-server", ""))
-        return BatchFacts("pbs", tuple(pbs.queues(out["qstat-queues"], default)))
+        default = pbs_facts.default_queue(out.get("qstat-server", ""))
+        return BatchFacts("pbs", tuple(pbs_facts.queues(out["qstat-queues"], default)))
     if "flux-resource" in out:
-        res = flux.resources(out["flux-resource"])
+        res = flux_facts.resources(out["flux-resource"])
         if res is not None:
             sources.append("Flux (flux resource list)")
             note = (
@@ -169,7 +179,7 @@ def batch_facts(out: Outputs, sources: list[str]) -> BatchFacts | None:
             )
             return BatchFacts("flux", (), None, (note,))
     if "bqueues" in out:
-        names = lsf.queue_names(out["bqueues"])
+        names = lsf_facts.queue_names(out["bqueues"])
         if names:
             sources.append("LSF (bqueues)")
             return BatchFacts("lsf", tuple(QueueFact(n, None, None) for n in names))

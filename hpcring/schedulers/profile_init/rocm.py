@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from hpcring.schedulers.init.facts import GpuFact
+from hpcring.schedulers.profile_init.facts import GpuFact
 
 _LINE = re.compile(r"^GPU\[(\d+)\]\s*:\s*\(Topology\)\s*Numa Node:\s*(-?\d+)", re.MULTILINE)
 

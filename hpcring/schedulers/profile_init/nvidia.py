@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 
 from hpcring.schedulers import cpuset
-from hpcring.schedulers.init.facts import GpuFact, NicFact
+from hpcring.schedulers.profile_init.facts import GpuFact, NicFact
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 ATTACHED = ("PIX", "PXB", "PHB")

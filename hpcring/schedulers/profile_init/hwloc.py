@@ -11,8 +11,8 @@ import xml.etree.ElementTree as ET
 
 from hpcring.errors import ProfileError
 from hpcring.schedulers import cpuset
-from hpcring.schedulers.init.facts import CpuFacts
 from hpcring.schedulers.local import describe_cpus
+from hpcring.schedulers.profile_init.facts import CpuFacts
 
 
 def _bits(mask: str) -> list[int]:

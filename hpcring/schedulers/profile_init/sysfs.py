@@ -11,8 +11,8 @@ from pathlib import Path
 
 from hpcring.errors import ProfileError
 from hpcring.schedulers import cpuset
-from hpcring.schedulers.init.facts import CpuFacts, NicFact
 from hpcring.schedulers.local import describe_cpus
+from hpcring.schedulers.profile_init.facts import CpuFacts, NicFact
 
 Files = dict[str, str]
 _GLOBS = (
