@@ -4,20 +4,20 @@ mpiexec or flux run flags."""
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 FORMATS = ("table", "json", "erf", "rankfile", "srun", "mpiexec", "flux")
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    from hpcring.schedulers import options
+    from hpcring.cli import job_flags
+    from hpcring.cli.flag_values import env
 
-    options.add_shape_args(parser)
+    job_flags.add_shape_args(parser)
     parser.add_argument(
         "--format",
         choices=FORMATS,
-        default=os.environ.get("HPCRING_MAP_FORMAT") or "table",
+        default=env("HPCRING_MAP_FORMAT") or "table",
         help="output format [HPCRING_MAP_FORMAT]",
     )
 
@@ -38,10 +38,11 @@ def table(rm: object) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    from hpcring.schedulers import mapping, options, registry
+    from hpcring.cli import job_flags
+    from hpcring.schedulers import mapping, registry
 
-    prof = options.load_profile(args)
-    rm = mapping.build(prof, options.job_from_args(args))
+    prof = job_flags.load_profile(args)
+    rm = mapping.build(prof, job_flags.job_from_args(args))
     out = sys.stdout
     if args.format == "table":
         out.write(table(rm))

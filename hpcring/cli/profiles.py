@@ -50,9 +50,9 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def _schema(name: str, version: int | None) -> int:
+    from hpcring.cli.flag_values import env_default
     from hpcring.errors import ConfigError
     from hpcring.schedulers import validation
-    from hpcring.schedulers.options import env_default
 
     shipped = validation.versions(name)
     env = env_default("HPCRING_SCHEMA_VERSION", int)

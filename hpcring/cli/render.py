@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    from hpcring.schedulers import options
+    from hpcring.cli import job_flags
+    from hpcring.cli.flag_values import env
 
-    options.add_shape_args(parser)
-    options.add_script_args(parser)
-    parser.add_argument(
-        "-o", "--out", default=os.environ.get("HPCRING_OUT"), help="write the script here [HPCRING_OUT]"
-    )
+    job_flags.add_shape_args(parser)
+    job_flags.add_script_args(parser)
+    parser.add_argument("-o", "--out", default=env("HPCRING_OUT"), help="write the script here [HPCRING_OUT]")
 
 
 def write_script(text: str, files: list[tuple[str, str]], path: Path) -> None:
@@ -28,10 +26,11 @@ def write_script(text: str, files: list[tuple[str, str]], path: Path) -> None:
 
 def prepare(args: argparse.Namespace, out: Path | None) -> tuple[object, str]:
     """(plan, script text) for the parsed flags; extra files go next to `out` unless --inline-files."""
-    from hpcring.schedulers import jobscript, mapping, options, plan, planner
+    from hpcring.cli import job_flags
+    from hpcring.schedulers import jobscript, mapping, plan, planner
 
-    prof = options.load_profile(args)
-    job = options.job_from_args(args)
+    prof = job_flags.load_profile(args)
+    job = job_flags.job_from_args(args)
     rm = mapping.build(prof, job)
     if out is not None and not args.inline_files:
         opts = plan.RenderOptions(files_dir=str(out.resolve().parent), basename=out.stem)

@@ -10,10 +10,10 @@ import argparse
 import os
 import shlex
 import sys
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from hpcring.cli import horovodrun
+from hpcring.cli import horovodrun_flags
+from hpcring.cli.flag_values import env, env_flag, number
 from hpcring.config import ALGORITHMS, TIMELINE_DYNAMIC
 from hpcring.errors import ConfigError, choices
 from hpcring.launch.command import LaunchSpec, build
@@ -25,86 +25,67 @@ if TYPE_CHECKING:
 LOG_LEVELS = ("trace", "debug", "info", "warning", "error", "fatal")
 
 
-def _env(name: str) -> str | None:
-    value = os.environ.get(name)
-    return value if value not in (None, "") else None
-
-
-def _env_flag(name: str) -> bool:
-    return (_env(name) or "0").lower() in ("1", "true", "yes", "on")
-
-
-def _number(kind: Callable[[str], float], text: str, flag: str, *, minimum: float = 0) -> float:
-    try:
-        value = kind(text)
-    except ValueError:
-        raise ConfigError(f"{flag} {text!r} is not a {'whole ' if kind is int else ''}number") from None
-    if value < minimum:
-        raise ConfigError(f"{flag} must be at least {minimum:g}, got {text}")
-    return value
-
-
 def register(parser: argparse.ArgumentParser) -> None:
     """Add the `hpcring run` flags; defaults come from the HPCRING_* variable named in each help text."""
     parser.usage = "hpcring run -np N [options] -- command [args...]"
     add = parser.add_argument
-    add("-np", "-n", dest="np", default=_env("HPCRING_NP"), metavar="N", help="number of ranks (HPCRING_NP)")
+    add("-np", "-n", dest="np", default=env("HPCRING_NP"), metavar="N", help="number of ranks (HPCRING_NP)")
     add(
         "-H",
         "--hosts",
-        default=_env("HPCRING_HOSTS"),
+        default=env("HPCRING_HOSTS"),
         metavar="H:N,...",
         help="hosts and slots (HPCRING_HOSTS)",
     )
     add(
         "--hostfile",
-        default=_env("HPCRING_HOSTFILE"),
+        default=env("HPCRING_HOSTFILE"),
         help="'host slots=N' or 'host:N' lines (HPCRING_HOSTFILE)",
     )
     add(
         "--mpi",
         nargs="?",
         const=None,
-        default=_env("HPCRING_MPI"),
+        default=env("HPCRING_MPI"),
         help="expected MPI flavour: openmpi or mpich (HPCRING_MPI); a bare --mpi (horovodrun's) asserts none",
     )
     add(
         "--emulate-nodes",
-        default=_env("HPCRING_EMULATE_NODES"),
+        default=env("HPCRING_EMULATE_NODES"),
         metavar="K",
         help="testing aid: split the ranks into K contiguous pretend nodes (HPCRING_EMULATE_NODES)",
     )
     add(
         "--no-prefix",
         action="store_true",
-        default=_env_flag("HPCRING_NO_PREFIX"),
+        default=env_flag("HPCRING_NO_PREFIX"),
         help="no [rank]<stream>: tags (HPCRING_NO_PREFIX)",
     )
     add(
         "--rsh-agent",
-        default=_env("HPCRING_RSH_AGENT"),
+        default=env("HPCRING_RSH_AGENT"),
         help="program used instead of ssh (HPCRING_RSH_AGENT)",
     )
     add(
         "--start-timeout",
-        default=_env("HPCRING_START_TIMEOUT") or "120",
+        default=env("HPCRING_START_TIMEOUT") or "120",
         metavar="S",
         help="seconds for all ranks to start (HPCRING_START_TIMEOUT)",
     )
     add(
         "--yield-when-idle",
-        default=_env("HPCRING_YIELD_WHEN_IDLE") or "auto",
+        default=env("HPCRING_YIELD_WHEN_IDLE") or "auto",
         help="Open MPI yield_when_idle: auto (when ranks outnumber cores), on, off (HPCRING_YIELD_WHEN_IDLE)",
     )
     add(
         "--no-fail-fast",
         action="store_true",
-        default=_env_flag("HPCRING_NO_FAIL_FAST"),
+        default=env_flag("HPCRING_NO_FAIL_FAST"),
         help="do not run Python commands under hpcring.launch.pyrun, which makes a rank that raises after "
         "MPI_Init exit at once instead of hanging in MPI_Finalize (HPCRING_NO_FAIL_FAST)",
     )
-    add("--dry-run", action="store_true", default=_env_flag("HPCRING_DRY_RUN"), help="print the mpiexec line")
-    add("--verbose", action="store_true", default=_env_flag("HPCRING_VERBOSE"), help="print what runs")
+    add("--dry-run", action="store_true", default=env_flag("HPCRING_DRY_RUN"), help="print the mpiexec line")
+    add("--verbose", action="store_true", default=env_flag("HPCRING_VERBOSE"), help="print what runs")
     eng = parser.add_argument_group("engine settings (exported to every rank)")
     eng.add_argument("--fusion-threshold-mb", metavar="MB", help="HPCRING_FUSION_THRESHOLD (bytes)")
     eng.add_argument("--cycle-time-ms", metavar="MS", help="HPCRING_CYCLE_TIME")
@@ -122,7 +103,7 @@ def register(parser: argparse.ArgumentParser) -> None:
         "--allreduce-algorithm", metavar="ALG", help=f"HPCRING_ALLREDUCE_ALGORITHM: {ALGORITHMS}"
     )
     eng.add_argument("--log-level", metavar="LEVEL", help=f"HPCRING_LOG_LEVEL: {LOG_LEVELS}")
-    horovodrun.register(parser)
+    horovodrun_flags.register(parser)
     add("command", nargs=argparse.REMAINDER, help="the command each rank runs, after --")
 
 
@@ -130,12 +111,13 @@ def engine_settings(args: argparse.Namespace) -> dict[str, str]:
     """Engine flags as the variables the ranks read; unset flags are left to the environment."""
     out: dict[str, str] = {}
     if args.fusion_threshold_mb is not None:
-        mb = _number(float, args.fusion_threshold_mb, "--fusion-threshold-mb")
+        mb = number(float, args.fusion_threshold_mb, "--fusion-threshold-mb", minimum=0)
         out["HPCRING_FUSION_THRESHOLD"] = str(int(mb * 1024 * 1024))
     if args.cycle_time_ms is not None:
-        out["HPCRING_CYCLE_TIME"] = f"{_number(float, args.cycle_time_ms, '--cycle-time-ms'):g}"
+        out["HPCRING_CYCLE_TIME"] = f"{number(float, args.cycle_time_ms, '--cycle-time-ms', minimum=0):g}"
     if args.cache_capacity is not None:
-        out["HPCRING_CACHE_CAPACITY"] = str(int(_number(int, args.cache_capacity, "--cache-capacity")))
+        capacity = number(int, args.cache_capacity, "--cache-capacity", minimum=0)
+        out["HPCRING_CACHE_CAPACITY"] = str(int(capacity))
     if args.timeline_filename:
         name = args.timeline_filename
         out["HPCRING_TIMELINE"] = name if name == TIMELINE_DYNAMIC else os.path.abspath(name)
@@ -154,7 +136,7 @@ def engine_settings(args: argparse.Namespace) -> dict[str, str]:
         ),
     ):
         if getattr(args, attr) is not None:
-            out[var] = f"{_number(float, getattr(args, attr), flag):g}"
+            out[var] = f"{number(float, getattr(args, attr), flag, minimum=0):g}"
     if args.no_stall_check:
         out["HPCRING_STALL_CHECK_DISABLE"] = "1"
     if args.allreduce_algorithm is not None:
@@ -180,9 +162,9 @@ def _yield(text: str) -> bool | None:
 def _np(args: argparse.Namespace) -> int:
     """-np, or in elastic mode the first world's lower bound (--min-np) when -np is not given."""
     if args.np is not None:
-        return int(_number(int, str(args.np), "-np", minimum=1))
+        return int(number(int, str(args.np), "-np", minimum=1))
     if args.min_np is not None:
-        return int(_number(int, str(args.min_np), "--min-np", minimum=1))
+        return int(number(int, str(args.min_np), "--min-np", minimum=1))
     raise ConfigError("-np N is required (the number of ranks), e.g. hpcring run -np 4 -- python train.py")
 
 
@@ -196,11 +178,11 @@ def build_spec(args: argparse.Namespace, flavour: str = "openmpi") -> LaunchSpec
     )
     emulate = None
     if args.emulate_nodes is not None:
-        emulate = int(_number(int, str(args.emulate_nodes), "--emulate-nodes", minimum=1))
+        emulate = int(number(int, str(args.emulate_nodes), "--emulate-nodes", minimum=1))
     command = list(args.command)
     if command[:1] == ["--"]:
         command = command[1:]
-    mpi_args, mpi_env = horovodrun.mpi_extras(args, flavour)
+    mpi_args, mpi_env = horovodrun_flags.mpi_extras(args, flavour)
     return LaunchSpec(
         np=np,
         command=tuple(command),
@@ -209,8 +191,8 @@ def build_spec(args: argparse.Namespace, flavour: str = "openmpi") -> LaunchSpec
         prefix=not args.no_prefix,
         rsh_agent=os.path.abspath(args.rsh_agent) if args.rsh_agent else None,
         yield_when_idle=_yield(args.yield_when_idle),
-        start_timeout_s=_number(float, str(args.start_timeout), "--start-timeout", minimum=1),
-        settings={**engine_settings(args), **horovodrun.rank_settings(args)},
+        start_timeout_s=number(float, str(args.start_timeout), "--start-timeout", minimum=1),
+        settings={**engine_settings(args), **horovodrun_flags.rank_settings(args)},
         fail_fast=not args.no_fail_fast,
         mpi_args=mpi_args,
         mpi_env=mpi_env,
@@ -229,13 +211,13 @@ def main(args: argparse.Namespace) -> int:
         print(f"hpcring {__version__} (hpcring run takes horovodrun's flags)")
         return 0
     if args.check_build:
-        print(horovodrun.check_build())
+        print(horovodrun_flags.check_build())
         return 0
-    horovodrun.apply_config_file(args)
-    horovodrun.refuse(args)
+    horovodrun_flags.apply_config_file(args)
+    horovodrun_flags.refuse(args)
     install = resolve(args.mpi)
     spec = build_spec(args, install.flavour)
-    elastic = horovodrun.elastic_spec(args, list(spec.hosts), _np(args))
+    elastic = horovodrun_flags.elastic_spec(args, list(spec.hosts), _np(args))
     if elastic is not None:
         return _run_elastic(args, install, spec, elastic)
     spec.oversubscribed()  # validates -np against the hosts' slots before anything starts

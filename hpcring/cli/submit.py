@@ -14,40 +14,39 @@ from pathlib import Path
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    from hpcring.schedulers import options
+    from hpcring.cli import job_flags
+    from hpcring.cli.flag_values import env, env_flag
 
-    options.add_shape_args(parser)
-    options.add_script_args(parser)
-    parser.add_argument(
-        "-o", "--out", default=os.environ.get("HPCRING_OUT"), help="script path [HPCRING_OUT]"
-    )
+    job_flags.add_shape_args(parser)
+    job_flags.add_script_args(parser)
+    parser.add_argument("-o", "--out", default=env("HPCRING_OUT"), help="script path [HPCRING_OUT]")
     parser.add_argument(
         "--script-dir",
-        default=os.environ.get("HPCRING_SCRIPT_DIR") or "hpcring-jobs",
+        default=env("HPCRING_SCRIPT_DIR") or "hpcring-jobs",
         help="where scripts go without -o [HPCRING_SCRIPT_DIR, default ./hpcring-jobs]",
     )
     parser.add_argument(
         "--dry-run",
         action="store_true",
-        default=options.env_flag("HPCRING_DRY_RUN"),
+        default=env_flag("HPCRING_DRY_RUN"),
         help="show everything, submit nothing [HPCRING_DRY_RUN]",
     )
     parser.add_argument(
         "--wait",
         action="store_true",
-        default=options.env_flag("HPCRING_WAIT"),
+        default=env_flag("HPCRING_WAIT"),
         help="wait for the job and exit with its exit code [HPCRING_WAIT]",
     )
     parser.add_argument(
         "--poll",
         type=float,
-        default=os.environ.get("HPCRING_POLL") or "0.5",
+        default=env("HPCRING_POLL") or "0.5",
         help="seconds between state polls with --wait [HPCRING_POLL]",
     )
     parser.add_argument(
         "--wait-timeout",
         type=float,
-        default=os.environ.get("HPCRING_WAIT_TIMEOUT") or None,
+        default=env("HPCRING_WAIT_TIMEOUT"),
         help="give up waiting after this many seconds [HPCRING_WAIT_TIMEOUT]",
     )
 
@@ -61,11 +60,12 @@ def _script_path(args: argparse.Namespace, name: str) -> Path:
 
 
 def main(args: argparse.Namespace) -> int:
+    from hpcring.cli import job_flags
     from hpcring.cli.render import prepare, write_script
-    from hpcring.schedulers import options, submission
+    from hpcring.schedulers import submission
     from hpcring.schedulers.plan import Plan
 
-    job = options.job_from_args(args)
+    job = job_flags.job_from_args(args)
     path = _script_path(args, job.name).absolute()
     p, text = prepare(args, path)
     assert isinstance(p, Plan)

@@ -14,7 +14,7 @@ import pytest
 from support import ROOT
 
 from hpcring.cli import main, subcommand_parser
-from hpcring.cli.horovodrun import REFUSED
+from hpcring.cli.horovodrun_flags import REFUSED
 
 _VALUE = {"--num-nccl-streams": "2", "--thread-affinity": "1", "--gloo-timeout-seconds": "30"}
 _VALUE |= {"--nics": "eth0", "--binding-args": "x"}
@@ -136,7 +136,7 @@ def test_flags_reach_the_ranks_in_a_real_launch(tmp_path: Path) -> None:
 
 def test_the_other_spellings_and_switches(tmp_path: Path) -> None:
     """Flags checked without a launch: what they turn into for the ranks and for each MPI flavour."""
-    from hpcring.cli import horovodrun
+    from hpcring.cli import horovodrun_flags
     from hpcring.errors import ConfigError
 
     hostfile = tmp_path / "hosts"
@@ -152,17 +152,17 @@ def test_the_other_spellings_and_switches(tmp_path: Path) -> None:
     ]
     args = subcommand_parser("run").parse_args(argv)
     assert args.mpi is None and args.hostfile == str(hostfile)
-    horovodrun.refuse(args)  # the accepted no-ops are not refusals
-    assert horovodrun.rank_settings(args) == {
+    horovodrun_flags.refuse(args)  # the accepted no-ops are not refusals
+    assert horovodrun_flags.rank_settings(args) == {
         "HPCRING_ALLREDUCE_ALGORITHM": "native",
         "HOROVOD_HIERARCHICAL_ALLREDUCE": "0",
     }
-    assert horovodrun.mpi_extras(args, "mpich") == (("-iface", "eth1"), {"FI_TCP_IFACE": "eth1"})
+    assert horovodrun_flags.mpi_extras(args, "mpich") == (("-iface", "eth1"), {"FI_TCP_IFACE": "eth1"})
     args.tcp = True
-    assert horovodrun.mpi_extras(args, "mpich")[1]["FI_PROVIDER"] == "tcp"
+    assert horovodrun_flags.mpi_extras(args, "mpich")[1]["FI_PROVIDER"] == "tcp"
     args.ssh_port = "2222"
     with pytest.raises(ConfigError, match="hydra takes no ssh options"):
-        horovodrun.mpi_extras(args, "mpich")
+        horovodrun_flags.mpi_extras(args, "mpich")
     args.ssh_port = "70000"
     with pytest.raises(ConfigError, match="not a TCP port"):
-        horovodrun.mpi_extras(args, "openmpi")
+        horovodrun_flags.mpi_extras(args, "openmpi")

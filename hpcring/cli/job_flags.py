@@ -1,70 +1,38 @@
-"""Command-line flags shared by `hpcring map`, `render` and `submit`, each with an HPCRING_* environment
-default.
+"""The job flags of `hpcring map`, `render` and `submit`, and the JobSpec they give.
 
-Flags override the job file (`--job FILE`), which overrides the profile's defaults; the environment variable
-of a
-flag stands in for the flag when it is not given, so a site can set e.g. HPCRING_ACCOUNT once in a login
-script.
+Flags override the job file (`--job FILE`), which overrides the profile's defaults; a flag's environment
+variable stands in for it when it is not given, so a site can set e.g. HPCRING_ACCOUNT once in a login script.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Any, TypeVar
+from typing import Any
 
+from hpcring.cli.flag_values import env, env_flag, env_list
 from hpcring.errors import ConfigError
 from hpcring.schedulers import job as jobmod
 from hpcring.schedulers import profile as profmod
 from hpcring.schedulers import walltime
 from hpcring.schedulers.job import JobSpec
-from hpcring.schedulers.model import Profile
-
-T = TypeVar("T")
+from hpcring.schedulers.model import LAUNCHERS, Profile
 
 
-def env_default(var: str, convert: Callable[[str], T] | None = None) -> T | str | None:
-    """The value of environment variable `var` (converted), or None; a bad value names the variable."""
-    raw = os.environ.get(var)
-    if raw is None or raw == "":
-        return None
-    if convert is None:
-        return raw
-    try:
-        return convert(raw)
-    except ValueError as exc:
-        raise ConfigError(f"environment variable {var}={raw!r} is not valid: {exc}") from exc
-
-
-def env_flag(var: str) -> bool:
-    """A boolean environment default: 1/true/yes/on."""
-    return os.environ.get(var, "").strip().lower() in ("1", "true", "yes", "on")
-
-
-def env_list(var: str, sep: str = ",") -> list[str]:
-    raw = os.environ.get(var, "")
-    return [x for x in raw.split(sep) if x] if raw else []
-
-
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise ValueError(f"{value} is negative")
-    return value
-
-
-def _int_type(var: str) -> Callable[[str], int]:
+def _count_type(var: str) -> Callable[[str], int]:
     """argparse type for a count; argparse also applies it to the environment default, so errors name both."""
 
     def convert(text: str) -> int:
         try:
-            return positive_int(text)
-        except ValueError as exc:
+            value = int(text)
+        except ValueError:
+            value = -1
+        if value < 0:
             raise argparse.ArgumentTypeError(
                 f"expected a non-negative integer, got {text!r} (from the flag or {var})"
-            ) from exc
+            )
+        return value
 
     return convert
 
@@ -72,7 +40,7 @@ def _int_type(var: str) -> Callable[[str], int]:
 def add_profile_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--profile",
-        default=env_default("HPCRING_PROFILE"),
+        default=env("HPCRING_PROFILE"),
         help="profile name (built-in or in HPCRING_PROFILE_PATH), YAML file, or 'local' [HPCRING_PROFILE]",
     )
 
@@ -81,7 +49,7 @@ def add_shape_args(p: argparse.ArgumentParser) -> None:
     """Flags that shape the mapping (used by map, render and submit)."""
     add_profile_args(p)
     g = p.add_argument_group("job shape")
-    g.add_argument("--job", default=env_default("HPCRING_JOB"), help="YAML job file [HPCRING_JOB]")
+    g.add_argument("--job", default=env("HPCRING_JOB"), help="YAML job file [HPCRING_JOB]")
     for flag, var, text in (
         ("--nodes", "HPCRING_NODES", "number of nodes"),
         ("--ranks-per-node", "HPCRING_RANKS_PER_NODE", "ranks per node (default: one per GPU)"),
@@ -98,67 +66,49 @@ def add_shape_args(p: argparse.ArgumentParser) -> None:
             "hardware threads per core (default: the site's smt)",
         ),
     ):
-        g.add_argument(flag, type=_int_type(var), default=os.environ.get(var) or None, help=f"{text} [{var}]")
+        g.add_argument(flag, type=_count_type(var), default=env(var), help=f"{text} [{var}]")
+    g.add_argument("--time", default=env("HPCRING_TIME"), help="walltime, e.g. 30 or 02:00:00 [HPCRING_TIME]")
     g.add_argument(
-        "--time", default=env_default("HPCRING_TIME"), help="walltime, e.g. 30 or 02:00:00 [HPCRING_TIME]"
-    )
-    g.add_argument(
-        "--partition",
-        default=env_default("HPCRING_PARTITION"),
-        help="partition/QOS/queue [HPCRING_PARTITION]",
+        "--partition", default=env("HPCRING_PARTITION"), help="partition/QOS/queue [HPCRING_PARTITION]"
     )
 
 
 def add_script_args(p: argparse.ArgumentParser) -> None:
     """Flags that only matter for a job script (render, submit)."""
     g = p.add_argument_group("job script")
-    g.add_argument("--job-name", default=env_default("HPCRING_JOB_NAME"), help="job name [HPCRING_JOB_NAME]")
-    g.add_argument(
-        "--account", default=env_default("HPCRING_ACCOUNT"), help="account/project [HPCRING_ACCOUNT]"
-    )
-    g.add_argument(
-        "--job-output", default=env_default("HPCRING_JOB_OUTPUT"), help="job stdout path [HPCRING_JOB_OUTPUT]"
-    )
-    g.add_argument(
-        "--job-error", default=env_default("HPCRING_JOB_ERROR"), help="job stderr path [HPCRING_JOB_ERROR]"
-    )
-    g.add_argument(
-        "--workdir", default=env_default("HPCRING_WORKDIR"), help="directory to run in [HPCRING_WORKDIR]"
-    )
-    g.add_argument(
-        "--image", default=env_default("HPCRING_IMAGE"), help="container image (.sif) [HPCRING_IMAGE]"
-    )
-    g.add_argument(
-        "--bind",
-        action="append",
-        default=env_list("HPCRING_BINDS"),
-        help="container bind, repeatable [HPCRING_BINDS]",
-    )
-    g.add_argument(
-        "--module",
-        action="append",
-        default=env_list("HPCRING_MODULES"),
-        help="module to load [HPCRING_MODULES]",
-    )
-    g.add_argument(
-        "--env",
-        action="append",
-        default=env_list("HPCRING_ENV", "\n"),
-        metavar="KEY=VALUE",
-        help="variable for the ranks, repeatable [HPCRING_ENV, one per line]",
-    )
-    g.add_argument(
-        "--step",
-        action="append",
-        default=env_list("HPCRING_STEPS", "\n"),
-        metavar="COMMAND",
-        help="a shell command run by every rank; repeat for steps with a barrier between them "
-        "[HPCRING_STEPS, one per line]",
-    )
+    for flag, var, text in (
+        ("--job-name", "HPCRING_JOB_NAME", "job name"),
+        ("--account", "HPCRING_ACCOUNT", "account/project"),
+        ("--job-output", "HPCRING_JOB_OUTPUT", "job stdout path"),
+        ("--job-error", "HPCRING_JOB_ERROR", "job stderr path"),
+        ("--workdir", "HPCRING_WORKDIR", "directory to run in"),
+        ("--image", "HPCRING_IMAGE", "container image (.sif)"),
+    ):
+        g.add_argument(flag, default=env(var), help=f"{text} [{var}]")
+    for flag, var, sep, metavar, text in (
+        ("--bind", "HPCRING_BINDS", ",", None, "container bind, repeatable [HPCRING_BINDS]"),
+        ("--module", "HPCRING_MODULES", ",", None, "module to load [HPCRING_MODULES]"),
+        (
+            "--env",
+            "HPCRING_ENV",
+            "\n",
+            "KEY=VALUE",
+            "variable for the ranks, repeatable [HPCRING_ENV, one per line]",
+        ),
+        (
+            "--step",
+            "HPCRING_STEPS",
+            "\n",
+            "COMMAND",
+            "a shell command run by every rank; repeat for steps with a barrier between them "
+            "[HPCRING_STEPS, one per line]",
+        ),
+    ):
+        g.add_argument(flag, action="append", default=env_list(var, sep), metavar=metavar, help=text)
     g.add_argument(
         "--launcher",
-        default=env_default("HPCRING_LAUNCHER"),
-        choices=("srun", "jsrun", "mpirun", "mpiexec", "flux"),
+        default=env("HPCRING_LAUNCHER"),
+        choices=LAUNCHERS,
         help="override the profile's launcher [HPCRING_LAUNCHER]",
     )
     g.add_argument(

@@ -2,8 +2,8 @@
 
 Each flag is honoured, or refused with one line that says why and what to use instead; a mistake on the
 command line is one line too, never an argparse usage dump. The elastic flags build an `ElasticSpec`
-(docs/elastic.md).
-`--config-file` reads Horovod's YAML; flags given on the command line win over it, as in horovodrun.
+(docs/elastic.md). `--config-file` reads Horovod's YAML; flags on the command line win over it, as in
+horovodrun.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import sys
 from collections.abc import Callable
 from typing import Any, NoReturn
 
+from hpcring.cli.flag_values import env, env_flag, number
 from hpcring.errors import ConfigError, choices
 from hpcring.launch.hosts import Host
 
@@ -53,15 +54,6 @@ ELASTIC_FLAGS = (
     "--reset-limit",
     "--blacklist-cooldown-range",
 )
-
-
-def env(*names: str) -> str | None:
-    """The first of the variables that is set and not empty."""
-    for name in names:
-        value = os.environ.get(name)
-        if value:
-            return value
-    return None
 
 
 def _one_line_error(prog: str) -> Callable[[str], NoReturn]:
@@ -126,7 +118,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     a(
         "--prefix-output-with-timestamp",
         action="store_true",
-        default=_flag("HPCRING_PREFIX_OUTPUT_WITH_TIMESTAMP"),
+        default=env_flag("HPCRING_PREFIX_OUTPUT_WITH_TIMESTAMP"),
     )
     hier = hv.add_mutually_exclusive_group()
     hier.add_argument(
@@ -135,9 +127,14 @@ def register(parser: argparse.ArgumentParser) -> None:
     hier.add_argument(
         "--no-hierarchical-allreduce", dest="hierarchical_allreduce", action="store_const", const=False
     )
-    a("--disable-cache", action="store_true", default=_flag("HPCRING_DISABLE_CACHE"), help="cache capacity 0")
+    a(
+        "--disable-cache",
+        action="store_true",
+        default=env_flag("HPCRING_DISABLE_CACHE"),
+        help="cache capacity 0",
+    )
     a("--mpi-args", default=env("HPCRING_MPI_ARGS"), metavar="ARGS", help="extra mpiexec arguments")
-    a("--tcp", action="store_true", default=_flag("HPCRING_TCP"), help="MPI over TCP only (HPCRING_TCP)")
+    a("--tcp", action="store_true", default=env_flag("HPCRING_TCP"), help="MPI over TCP only (HPCRING_TCP)")
     a("--config-file", default=env("HPCRING_CONFIG_FILE"), metavar="YAML", help="Horovod's config file")
     a("-cb", "--check-build", action="store_true", help="show what this installation provides")
     a("--version", action="store_true", help="show hpcring's version")
@@ -151,10 +148,6 @@ def register(parser: argparse.ArgumentParser) -> None:
             a(flag, dest=_dest(flag), default=None, help=argparse.SUPPRESS)
         else:
             a(flag, dest=_dest(flag), action="store_const", const=True, default=None, help=argparse.SUPPRESS)
-
-
-def _flag(name: str) -> bool:
-    return (env(name) or "0").lower() in ("1", "true", "yes", "on")
 
 
 def _dest(flag: str) -> str:
@@ -261,16 +254,9 @@ def rank_settings(args: argparse.Namespace) -> dict[str, str]:
     for name in ("warmup_samples", "steps_per_sample", "bayes_opt_max_samples", "gaussian_process_noise"):
         value = getattr(args, f"autotune_{name}")
         if value is not None:
-            _number(str(value), f"--autotune-{name.replace('_', '-')}")
+            number(float, str(value), f"--autotune-{name.replace('_', '-')}")
             out[f"HOROVOD_AUTOTUNE_{name.upper()}"] = str(value)
     return out
-
-
-def _number(text: str, flag: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        raise ConfigError(f"{flag} {text!r} is not a number") from None
 
 
 def mpi_extras(args: argparse.Namespace, flavour: str) -> tuple[tuple[str, ...], dict[str, str]]:
@@ -280,7 +266,7 @@ def mpi_extras(args: argparse.Namespace, flavour: str) -> tuple[tuple[str, ...],
     env_out: dict[str, str] = {}
     ssh: list[str] = []
     if args.ssh_port:
-        port = int(_number(args.ssh_port, "--ssh-port"))
+        port = int(number(float, args.ssh_port, "--ssh-port"))
         if not 0 < port < 65536:
             raise ConfigError(f"--ssh-port {args.ssh_port} is not a TCP port (1..65535)")
         ssh += ["-p", str(port)]
@@ -322,7 +308,7 @@ def elastic_spec(args: argparse.Namespace, hosts: list[Host], np: int | None) ->
     from hpcring.launch.elastic.driver import ElasticSpec
 
     def count(text: Any, flag: str, minimum: int) -> int:
-        value = _number(str(text), flag)
+        value = number(float, str(text), flag)
         if value != int(value) or value < minimum:
             raise ConfigError(f"{flag} must be a whole number >= {minimum}, got {text}")
         return int(value)
@@ -332,7 +318,7 @@ def elastic_spec(args: argparse.Namespace, hosts: list[Host], np: int | None) ->
         raise ConfigError("elastic mode needs --min-np N (or -np N, the default minimum)")
     cooldown = None
     if args.blacklist_cooldown_range:
-        lo, hi = (_number(v, "--blacklist-cooldown-range") for v in args.blacklist_cooldown_range)
+        lo, hi = (number(float, v, "--blacklist-cooldown-range") for v in args.blacklist_cooldown_range)
         cooldown = (lo, hi)
     return ElasticSpec(
         min_np=min_np,
@@ -340,7 +326,7 @@ def elastic_spec(args: argparse.Namespace, hosts: list[Host], np: int | None) ->
         slots_per_host=count(args.slots_per_host or 1, "--slots-per-host", 1),
         discovery_script=os.path.abspath(args.host_discovery_script) if args.host_discovery_script else None,
         hosts=tuple(hosts),
-        timeout_s=_number(str(args.elastic_timeout or 600), "--elastic-timeout"),
+        timeout_s=number(float, str(args.elastic_timeout or 600), "--elastic-timeout"),
         reset_limit=count(args.reset_limit, "--reset-limit", 0) if args.reset_limit is not None else None,
         cooldown=cooldown,
     )
