@@ -4,14 +4,13 @@ stand-in batch tools on PATH, and a probe command that reports what each rank wa
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import yaml
-from sched_helpers import GOLDEN, make_plan, render_plan, shellcheck
+from sched_helpers import make_plan, render_plan, shellcheck
 from standins import install
 
 from hpcring.schedulers import profile
@@ -35,14 +34,6 @@ def derived_profile(tmp: Path, name: str, **site: Any) -> str:
     path = tmp / f"{name}-derived.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return str(path)
-
-
-def check_golden(variant: str, text: str) -> None:
-    golden = GOLDEN / f"{variant}.sh"
-    if os.environ.get("HPCRING_UPDATE_GOLDEN") == "1":
-        golden.write_text(text)
-    assert golden.exists(), f"missing golden file {golden}; run with HPCRING_UPDATE_GOLDEN=1"
-    assert text == golden.read_text()
 
 
 def check_shellcheck(tmp: Path, text: str, name: str = "job.sh") -> None:

@@ -1,7 +1,10 @@
-"""Helpers for the scheduler tests: build plans through the public API, run the CLI in-process, shellcheck."""
+"""Helpers for the scheduler tests: build plans through the public API, compare with golden scripts, run the
+CLI, shellcheck."""
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
 import subprocess
 import sys
@@ -15,6 +18,14 @@ from hpcring.schedulers.job import JobSpec, Step
 
 HERE = Path(__file__).resolve().parent
 GOLDEN = HERE / "golden"
+# The mpiexec GPU wrapper a PBS script writes inline is the same for every variant of a profile: its golden is
+# kept once, in golden/wrappers/<profile>.sh, and the golden script holds a line naming that file instead.
+WRAPPERS = GOLDEN / "wrappers"
+WRAPPER_REF = "# golden: the wrapper in "
+_WRAPPER = re.compile(
+    r"""^(cat > "\$\{HPCRING_AFFINITY\}" <<'HPCRING_EOF'\n)(.*?)^(HPCRING_EOF\n)""", re.M | re.S
+)
+_WRAPPER_PROFILE = re.compile(r"^# hpcring GPU selection for mpiexec ranks, profile (\S+):", re.M)
 SHELLCHECK = shutil.which("shellcheck", path=str(Path(sys.executable).parent)) or shutil.which("shellcheck")
 
 
@@ -31,6 +42,30 @@ def make_plan(profile_name: str, *, options: plan.RenderOptions | None = None, *
 
 def render_plan(p: plan.Plan) -> str:
     return jobscript.render(p)
+
+
+def check_golden(variant: str, text: str) -> None:
+    """`text` equals golden/<variant>.sh, and its GPU wrapper its profile's golden/wrappers file.
+    `HPCRING_UPDATE_GOLDEN=1` rewrites both after an intended change."""
+    update = os.environ.get("HPCRING_UPDATE_GOLDEN") == "1"
+
+    def fold(m: re.Match[str]) -> str:
+        found = _WRAPPER_PROFILE.search(m.group(2))
+        assert found is not None, f"{variant}: a wrapper without its profile line:\n{m.group(2)}"
+        wrapper = WRAPPERS / f"{found.group(1)}.sh"
+        if update:
+            WRAPPERS.mkdir(exist_ok=True)
+            wrapper.write_text(m.group(2))
+        assert wrapper.exists(), f"missing golden file {wrapper}; run with HPCRING_UPDATE_GOLDEN=1"
+        assert m.group(2) == wrapper.read_text(), f"{variant}: the GPU wrapper differs from {wrapper}"
+        return f"{m.group(1)}{WRAPPER_REF}{wrapper.relative_to(GOLDEN)}\n{m.group(3)}"
+
+    folded = _WRAPPER.sub(fold, text)
+    golden = GOLDEN / f"{variant}.sh"
+    if update:
+        golden.write_text(folded)
+    assert golden.exists(), f"missing golden file {golden}; run with HPCRING_UPDATE_GOLDEN=1"
+    assert folded == golden.read_text()
 
 
 def shellcheck(path: Path) -> subprocess.CompletedProcess[str]:

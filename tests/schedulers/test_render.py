@@ -14,7 +14,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sched_helpers import GOLDEN, cli, make_plan, render_plan, shellcheck
+from sched_helpers import (
+    GOLDEN,
+    WRAPPER_REF,
+    WRAPPERS,
+    check_golden,
+    cli,
+    make_plan,
+    render_plan,
+    shellcheck,
+)
 
 from hpcring.errors import ConfigError
 from hpcring.schedulers import model, plan, registry
@@ -89,12 +98,23 @@ def _render(variant: str) -> tuple[plan.Plan, str]:
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_golden(variant: str) -> None:
-    _, text = _render(variant)
-    golden = GOLDEN / f"{variant}.sh"
-    if os.environ.get("HPCRING_UPDATE_GOLDEN") == "1":
-        golden.write_text(text)
-    assert golden.exists(), f"missing golden file {golden}; run with HPCRING_UPDATE_GOLDEN=1"
-    assert text == golden.read_text()
+    check_golden(variant, _render(variant)[1])
+
+
+def test_every_golden_wrapper_is_used_and_shellcheck_clean() -> None:
+    """The wrappers kept once per profile (sched_helpers.check_golden) are each named by a golden script,
+    every name resolves, and each wrapper passes shellcheck as the script it is."""
+    named = {
+        line.removeprefix(WRAPPER_REF)
+        for golden in GOLDEN.glob("*.sh")
+        for line in golden.read_text().splitlines()
+        if line.startswith(WRAPPER_REF)
+    }
+    stored = {str(p.relative_to(GOLDEN)) for p in WRAPPERS.glob("*.sh")}
+    assert named == stored
+    for wrapper in WRAPPERS.glob("*.sh"):
+        res = shellcheck(wrapper)
+        assert res.returncode == 0, res.stdout + res.stderr
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))

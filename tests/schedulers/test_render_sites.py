@@ -8,12 +8,11 @@ Regenerate after an intended change with
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 import pytest
-from sched_helpers import GOLDEN, make_plan, render_plan, shellcheck
+from sched_helpers import check_golden, make_plan, render_plan, shellcheck
 
 from hpcring.errors import ConfigError
 
@@ -80,12 +79,7 @@ def _render(variant: str) -> str:
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_golden(variant: str) -> None:
-    text = _render(variant)
-    golden = GOLDEN / f"{variant}.sh"
-    if os.environ.get("HPCRING_UPDATE_GOLDEN") == "1":
-        golden.write_text(text)
-    assert golden.exists(), f"missing golden file {golden}; run with HPCRING_UPDATE_GOLDEN=1"
-    assert text == golden.read_text()
+    check_golden(variant, _render(variant))
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
