@@ -1,9 +1,8 @@
 """Job specification: what to run and how big, from a YAML job file and/or command-line flags.
 
 The spec holds only what the user asked for; defaults that depend on the node (ranks per node = one per GPU,
-CPUs
-per rank = even share of the GPU's closest cores) are resolved against a profile in `mapping.resolve`, so the
-same job file can be rendered for several sites.
+CPUs per rank = even share of the GPU's closest cores) are resolved against a profile in `mapping.resolve`, so
+the same job file can be rendered for several sites.
 """
 
 from __future__ import annotations

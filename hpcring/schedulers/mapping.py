@@ -1,15 +1,12 @@
 """RankMap: which node, CPUs (hardware threads), GPUs and NIC every rank gets.
 
 All nodes of a profile are identical, so the placement is computed once per distinct ranks-per-node count
-(one, or
-two when ranks do not divide evenly and the profile allows it) and replicated: a Frontier-size job (9,408
-nodes x 8
-ranks) maps in milliseconds and ranks are produced lazily.
+(one, or two when ranks do not divide evenly and the profile allows it) and replicated, and ranks are produced
+lazily: a machine-size job maps about as fast as a small one (timings in docs/schedulers.md).
 
 Invariants (checked by property tests): no CPU is given to two ranks of a node; in isolated and shared mode
-alike
-each GPU is given to one rank; a rank's CPUs lie in its GPUs' NUMA domains whenever those domains have room;
-reserved cores are never used; ranks are numbered contiguously per node (block distribution).
+alike each GPU is given to one rank; a rank's CPUs lie in its GPUs' NUMA domains whenever those domains have
+room; reserved cores are never used; ranks are numbered contiguously per node (block distribution).
 """
 
 from __future__ import annotations
@@ -291,8 +288,7 @@ def layout(node: Node, rpn: int, gpr: int, cpr: int, tpc: int) -> tuple[Slot, ..
     anywhere.
 
     Ranks confined to one NUMA domain choose first, so ranks whose GPUs span domains cannot take the cores a
-    local
-    rank needs.
+    local rank needs.
     """
     if cpr * rpn > len(node.usable_cores):
         raise JobShapeError(f"cores oversubscribed: {rpn} x {cpr} > {len(node.usable_cores)} usable cores")

@@ -1,9 +1,8 @@
 """Cluster profiles: find, parse, validate (JSON Schema, then cross-field checks) and build the frozen model.
 
 A profile is a YAML file: one of the built-ins shipped in `profiles/`, a file named on the command line, a
-file in a
-directory of `HPCRING_PROFILE_PATH`, or `local` (this machine, detected). Every error raised here is a
-ProfileError naming the file, the YAML path, the bad value and what is allowed.
+file in a directory of `HPCRING_PROFILE_PATH`, or `local` (this machine, detected). Every error raised here is
+a ProfileError naming the file, the YAML path, the bad value and what is allowed.
 """
 
 from __future__ import annotations

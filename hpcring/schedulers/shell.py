@@ -2,8 +2,7 @@
 
 Every value that reaches a script goes through one of these functions (as Jinja filters). `Raw` marks the few
 strings our own code writes as shell expressions (`"$MASTER_ADDR_CMD"`, `"${TMPDIR:-/tmp}"`): they are never
-built
-from user input.
+built from user input.
 """
 
 from __future__ import annotations
@@ -93,8 +92,7 @@ def directive_value(value: object) -> str:
     """A value on a `#SBATCH`/`#BSUB` line: bare when plain, else double-quoted with `\\` and `"` escaped.
 
     sbatch reads these lines itself (not through a shell): it honours double quotes and backslash escapes, and
-    an
-    unquoted `#` starts a comment. Double quotes with escapes survive that parser and LSF's alike.
+    an unquoted `#` starts a comment. Double quotes with escapes survive that parser and LSF's alike.
     """
     text = check_line_safe(str(value), "value")
     if _BARE.match(text):

@@ -14,8 +14,7 @@ def parse(value: str | int) -> int:
     """Seconds in `value`: minutes (int or "MM"), "MM:SS", "HH:MM:SS", "D-HH", "D-HH:MM" or "D-HH:MM:SS".
 
     These are exactly Slurm's `--time` forms, so a value copied from a site's documentation means what the
-    site
-    means. Raises ValueError naming the accepted forms.
+    site means. Raises ValueError naming the accepted forms.
     """
     if isinstance(value, bool):
         raise ValueError(f"bad walltime {value!r}")

@@ -1,8 +1,7 @@
 """Injection: hostile strings in the job name, command arguments, environment values and paths are rendered,
-the
-script runs under bash with stand-in launchers that record their argv and environment, and what they recorded
-equals
-the input exactly; a canary proves nothing else ran. A newline bound for a directive line is refused."""
+the script runs under bash with stand-in launchers that record their argv and environment, and what they
+recorded equals the input exactly; a canary proves nothing else ran. A newline bound for a directive line is
+refused."""
 
 from __future__ import annotations
 

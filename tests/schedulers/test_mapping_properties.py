@@ -1,11 +1,10 @@
 """Property tests of the mapping invariants over random valid node topologies and job shapes (hypothesis).
 
 Invariants: no hardware thread is given to two ranks of a node; each GPU is given to at most one rank
-(isolated and
-shared alike) and every rank gets exactly its GPUs per rank; reserved cores are never used; every rank gets
-`cpus_per_rank` cores and only their threads; ranks are contiguous per node; and whenever every NUMA domain
-has room
-for the ranks that belong to it, each rank's CPUs lie in its GPUs' (or its assigned) NUMA domain.
+(isolated and shared alike) and every rank gets exactly its GPUs per rank; reserved cores are never used;
+every rank gets `cpus_per_rank` cores and only their threads; ranks are contiguous per node; and whenever
+every NUMA domain has room for the ranks that belong to it, each rank's CPUs lie in its GPUs' (or its
+assigned) NUMA domain.
 """
 
 from __future__ import annotations

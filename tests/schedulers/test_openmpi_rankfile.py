@@ -1,8 +1,7 @@
 """The rankfile `hpcring map --format rankfile` writes binds real Open MPI ranks where the mapping says.
 
 Runs the wheel's Open MPI `mpirun` on this machine (the `local` profile, one core per rank) and reads each
-rank's
-affinity back from the OS."""
+rank's affinity back from the OS."""
 
 from __future__ import annotations
 

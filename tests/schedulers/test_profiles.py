@@ -1,6 +1,5 @@
 """Profiles: built-ins validate, the published schema is the shipped one, and bad profiles fail with the YAML
-path,
-the bad value and the allowed values (through the CLI: exit 2, no traceback)."""
+path, the bad value and the allowed values (through the CLI: exit 2, no traceback)."""
 
 from __future__ import annotations
 
