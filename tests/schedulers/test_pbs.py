@@ -18,13 +18,12 @@ from pbs_flux_helpers import (
     PROBE,
     TRAIN,
     calls,
-    check_shellcheck,
     derived_profile,
     probes,
     run_rendered,
     tools_env,
 )
-from sched_helpers import check_golden, cli, make_plan, render_plan
+from sched_helpers import check_golden, check_shellcheck, cli, make_plan, render_plan
 
 from hpcring.errors import ProfileError
 from hpcring.schedulers import mapping, pbs_batch, pbs_jobs, profile

@@ -143,8 +143,8 @@ BAD = [
 ]
 
 
-@pytest.mark.parametrize(("path", "value", "expected"), BAD, ids=[b[0] for b in BAD])
-def test_bad_profile_messages(path: str, value: Any, expected: list[str], tmp_path: Path) -> None:
+def _refused(path: str, value: Any, expected: list[str]) -> None:
+    """Frontier's profile with `value` at `path` is refused with a message naming the file and each piece."""
     data = _mutate(builtin_data("frontier"), path, value)
     with pytest.raises(ProfileError) as info:
         profile.parse(yaml.safe_dump(data), "bad.yaml")
@@ -152,6 +152,11 @@ def test_bad_profile_messages(path: str, value: Any, expected: list[str], tmp_pa
     assert msg.startswith("bad.yaml: ")
     for piece in expected:
         assert piece in msg, (piece, msg)
+
+
+@pytest.mark.parametrize(("path", "value", "expected"), BAD, ids=[b[0] for b in BAD])
+def test_bad_profile_messages(path: str, value: Any, expected: list[str]) -> None:
+    _refused(path, value, expected)
 
 
 def test_cross_field_launcher_scheduler() -> None:
@@ -310,13 +315,7 @@ BAD_CONTAINER = [
     ("path", "value", "expected"), [b[1:] for b in BAD_CONTAINER], ids=[b[0] for b in BAD_CONTAINER]
 )
 def test_bad_container_messages(path: str, value: Any, expected: list[str]) -> None:
-    data = _mutate(builtin_data("frontier"), path, value)
-    with pytest.raises(ProfileError) as info:
-        profile.parse(yaml.safe_dump(data), "bad.yaml")
-    msg = str(info.value)
-    assert msg.startswith("bad.yaml: ")
-    for piece in expected:
-        assert piece in msg, (piece, msg)
+    _refused(path, value, expected)
 
 
 def test_spectrum_mpi_has_no_abi_family() -> None:

@@ -19,6 +19,7 @@ from sched_helpers import (
     WRAPPER_REF,
     WRAPPERS,
     check_golden,
+    check_shellcheck,
     cli,
     make_plan,
     render_plan,
@@ -112,28 +113,19 @@ def test_every_golden_wrapper_is_used_and_shellcheck_clean() -> None:
     }
     stored = {str(p.relative_to(GOLDEN)) for p in WRAPPERS.glob("*.sh")}
     assert named == stored
-    for wrapper in WRAPPERS.glob("*.sh"):
-        res = shellcheck(wrapper)
-        assert res.returncode == 0, res.stdout + res.stderr
+    shellcheck(*WRAPPERS.glob("*.sh"))
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_shellcheck_clean(variant: str, tmp_path: Path) -> None:
-    _, text = _render(variant)
-    script = tmp_path / "job.sh"
-    script.write_text(text)
-    res = shellcheck(script)
-    assert res.returncode == 0, res.stdout + res.stderr
+    check_shellcheck(tmp_path, _render(variant)[1])
 
 
 def test_every_builtin_profile_and_local_render_shellcheck_clean(tmp_path: Path) -> None:
     for name in ("frontier", "summit", "perlmutter-gpu", "generic-slurm-gpu", "generic-lsf", "local"):
         res = cli("render", "--profile", name, "--account", "a1", "--step", "hostname", "--step", "true")
         assert res.returncode == 0, res.stderr
-        script = tmp_path / f"{name}.sh"
-        script.write_text(res.stdout)
-        check = shellcheck(script)
-        assert check.returncode == 0, check.stdout
+        check_shellcheck(tmp_path, res.stdout, f"{name}.sh")
 
 
 def test_plan_numbers() -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sched_helpers import check_golden, make_plan, render_plan, shellcheck
+from sched_helpers import check_golden, check_shellcheck, make_plan, render_plan
 
 from hpcring.errors import ConfigError
 
@@ -84,10 +84,7 @@ def test_golden(variant: str) -> None:
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_shellcheck_clean(variant: str, tmp_path: Path) -> None:
-    script = tmp_path / "job.sh"
-    script.write_text(_render(variant))
-    res = shellcheck(script)
-    assert res.returncode == 0, res.stdout + res.stderr
+    check_shellcheck(tmp_path, _render(variant))
 
 
 def test_lumi_g_binding_is_the_documented_one() -> None:
