@@ -46,8 +46,8 @@ import numpy as np
 
 import hpcring
 from hpcring.collective.algorithms.shm import shm_round
-from hpcring.collective.engine import Engine, OpType, Request, Signature
-from hpcring.collective.engine.buffers import _unpack
+from hpcring.engine import Engine, OpType, Request, Signature
+from hpcring.engine.host_buffers import _unpack
 from hpcring.collective.ops import ReduceOp
 from hpcring.config import EngineSettings, engine_settings
 

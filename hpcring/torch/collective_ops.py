@@ -11,7 +11,7 @@ import numpy as np
 
 from hpcring import _deps
 from hpcring.collective import dtypes
-from hpcring.collective.engine import OpType, ProcessSet, global_process_set
+from hpcring.engine import OpType, ProcessSet, global_process_set
 from hpcring.torch import basics
 from hpcring.torch.allreduce_ops import allreduce
 from hpcring.torch.compression import Compression
@@ -425,7 +425,7 @@ def grouped_reducescatter(
 
 
 def sparse_allreduce_async(
-    tensor: Any, name: str, op: Any, process_set: ProcessSet = global_process_set
+    tensor: Any, name: str | None, op: Any, process_set: ProcessSet = global_process_set
 ) -> Any:
     """Allreduce of a sparse COO tensor by allgathering its indices and values (Horovod's method).
 

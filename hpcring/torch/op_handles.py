@@ -10,8 +10,8 @@ from collections.abc import Callable
 from typing import Any
 
 from hpcring import _deps
-from hpcring.collective.engine import Handle, ProcessSet
 from hpcring.collective.ops import ReduceOp
+from hpcring.engine import Handle, ProcessSet
 from hpcring.errors import CollectiveError, ConfigError
 from hpcring.torch import basics
 

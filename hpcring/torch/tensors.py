@@ -12,11 +12,10 @@ import numpy as np
 from hpcring import _deps
 from hpcring.collective import dtypes
 from hpcring.collective.arrays import numpy_view, to_kind
-from hpcring.collective.engine import Handle, OpType, ProcessSet, Request, Signature
-from hpcring.collective.engine import device as device_plane
-from hpcring.collective.engine.request import signature_shape
+from hpcring.engine import Handle, OpType, ProcessSet, Request, Signature, device_plane
+from hpcring.engine.request import signature_shape
 from hpcring.torch import basics
-from hpcring.torch.op_handles import _name, _tls
+from hpcring.torch.op_handles import _tls
 
 _deps.torch()  # a missing torch becomes BackendUnavailable naming the install command
 import torch  # noqa: E402
@@ -180,7 +179,7 @@ def _submit(
         dtype, data = dtypes.name_of(src.array.dtype), src.array
         out = None if output is None else output.array
     else:  # a device route: the engine gets the tensors themselves
-        dtype, data = _dtype_names[src.tensor.dtype], src.tensor
+        dtype, data = _check_dtype(src.tensor, op_type.value), src.tensor
         out = None if output is None else output.tensor
         if device == device_plane.CUDA:
             _hand_over(src)
@@ -208,63 +207,39 @@ def _queue(req: Request) -> Handle:
     return basics.engine().submit(req)
 
 
-# ---------------------------------------------------------------------- the host allreduce in one frame
+# ---------------------------------------------------------------------- the host route's common case
 
 # dtype -> name for the dtypes whose tensors numpy views directly and every reduce op accepts (bool has op
-# limits and bfloat16 needs ml_dtypes' view: both take the general path).
-_HOST_FAST_DTYPES: dict[Any, str] = {
+# limits and bfloat16 needs ml_dtypes' view: both take the general branches).
+PLAIN_DTYPES: dict[Any, str] = {
     getattr(torch, n): n for n in dtypes.SUPPORTED if n not in ("bool", "bfloat16") and hasattr(torch, n)
 }
-_ALLREDUCE = OpType.ALLREDUCE
 _STRIDED = torch.strided
-_TENSOR = torch.Tensor
-# A Signature from one tuple, built in C: the NamedTuple's generated __new__ is a Python call, and this is
-# built once per tensor per call. The tuple carries every field, in order.
-_new_signature = functools.partial(tuple.__new__, Signature)
+TENSOR = torch.Tensor
+# A Signature from one tuple, built in C (the NamedTuple's generated __new__ is a Python call): the tuple
+# carries every field, in order.
+new_signature = functools.partial(tuple.__new__, Signature)
 
 
-def host_allreduce(
-    tensor: Any, output: Any, name: str | None, op_name: str, pre: Any, post: Any, process_set: Any
-) -> Handle | None:
-    """Submit an allreduce of a dense, contiguous CPU tensor of a plain dtype (the common case: a training
-    loop's gradients and metrics) with every check the general path makes, in one frame; None, with nothing
-    done, for anything else (the caller then takes the general path, which also words the errors).
-
-    `output` is `tensor` (in place) or a fresh contiguous tensor like it (`fresh_output`). The general path
-    goes through a dozen small functions (the view, the dtype name, the signature's shape rule, the set id,
-    the submit): 5.7-6.4 us a call on the CI machine of 2026-11-27 (docs/engine.md, "The submit path")."""
+def host_array(t: Any) -> Any:
+    """The zero-copy numpy view of a dense, contiguous CPU tensor of a plain dtype (`PLAIN_DTYPES`) that
+    needs no gradient, when the host route carries CPU tensors; None for anything else (the caller then
+    takes `_view`, which handles every other case)."""
     engine = basics._engine
     if (
-        engine is None
-        or type(tensor) is not _TENSOR
-        or type(pre) is not float
-        or type(post) is not float
-        or tensor.layout is not _STRIDED
-        or not tensor.is_cpu
-        or tensor.requires_grad
-        or not tensor.is_contiguous()
-        or engine.settings.cpu_device_plane == "gloo"
+        t.is_cpu
+        and t.layout is _STRIDED
+        and not t.requires_grad
+        and t.is_contiguous()
+        and t.dtype in PLAIN_DTYPES
+        and engine is not None
+        and engine.settings.cpu_device_plane != "gloo"
     ):
-        return None
-    dtype = _HOST_FAST_DTYPES.get(tensor.dtype)
-    set_id = process_set.process_set_id if type(process_set) is ProcessSet else None
-    if dtype is None or set_id is None:
-        return None
-    data = tensor.numpy()
-    if output is tensor:
-        out = data
-    elif type(output) is _TENSOR and output.dtype is tensor.dtype and output.is_contiguous():
-        out = output.numpy()
-    else:
-        return None
-    full = _name("allreduce", name, process_set)
-    sig = _new_signature((full, _ALLREDUCE, dtype, tuple(tensor.shape), op_name, -1, pre, post, "cpu", ()))
-    return _queue(Request(sig, set_id, data, out))
+        return t.numpy()
+    return None
 
 
 def _check_scale(value: Any, what: str, which: str) -> float:
-    if type(value) is float:  # the common case, answered before the general checks
-        return value
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{what}: {which} must be a real number, got {value!r}")
     return float(value)

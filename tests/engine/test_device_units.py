@@ -1,5 +1,5 @@
 """Single-process checks of the device data plane's pieces: its settings, its torch arithmetic against the
-host path's numpy arithmetic, the route table, and the timeline phases (stage tracks, no-op when off)."""
+host path's numpy arithmetic, the route table, and the timeline's stage hook (tracks; no-op when off)."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ import pytest
 
 from hpcring.collective import dtypes
 from hpcring.collective.arrays import numpy_view
-from hpcring.collective.engine import phases
-from hpcring.collective.engine.timeline import Timeline
+from hpcring.collective.stages import CROSS_ALLREDUCE, INTRA_REDUCE_SCATTER, unobserved
 from hpcring.config import engine_settings
+from hpcring.engine.timeline import Timeline, stage_hook
 from hpcring.errors import CollectiveError, ConfigError
 
 torch = pytest.importorskip("torch")
-device = pytest.importorskip("hpcring.collective.engine.device")
+device = pytest.importorskip("hpcring.engine.device_plane")
 
 
 def test_settings() -> None:
@@ -75,31 +75,25 @@ def test_neutral_values() -> None:
         device.scale_(torch.ones(2, dtype=torch.bool), 2.0)
 
 
-def test_phases_are_a_no_op_without_a_listener() -> None:
-    assert not phases.recording()
-    phases.begin(phases.INTRA_REDUCE_SCATTER)  # nothing installed: nothing happens, nothing raised
-    phases.end(phases.INTRA_REDUCE_SCATTER)
-    with phases.phase("ANY"):
-        pass
+def test_no_timeline_means_the_unobserved_hook() -> None:
+    assert stage_hook(None, ["a"]) is unobserved
+    unobserved(INTRA_REDUCE_SCATTER, True)  # nothing happens, nothing raised
 
 
 def test_stages_are_written_on_their_own_tracks(tmp_path: Path) -> None:
-    """`phases.record` (the engine's listener) puts each hierarchical stage on its own tid, so stages that
-    overlap in time still nest per track; other phases stay on the main track."""
+    """The timeline's stage hook puts each hierarchical stage on its own tid, so stages that overlap in time
+    still nest per track; other stages stay on the main track."""
     path = tmp_path / "t.json"
     tl = Timeline(str(path))
-    phases.set_current(tl, ["a", "b"])
-    phases.set_listener(phases.record)
+    hook = stage_hook(tl, ["a", "b"])
     try:
-        phases.begin(phases.INTRA_REDUCE_SCATTER)
-        phases.begin(phases.CROSS_ALLREDUCE)  # overlaps the reduce-scatter, as when pipelined
-        phases.end(phases.INTRA_REDUCE_SCATTER)
-        with phases.phase("OTHER"):
-            pass
-        phases.end(phases.CROSS_ALLREDUCE)
+        hook(INTRA_REDUCE_SCATTER, True)
+        hook(CROSS_ALLREDUCE, True)  # overlaps the reduce-scatter, as when pipelined
+        hook(INTRA_REDUCE_SCATTER, False)
+        hook("OTHER", True)
+        hook("OTHER", False)
+        hook(CROSS_ALLREDUCE, False)
     finally:
-        phases.set_listener(None)
-        phases.set_current(None, [])
         tl.close()
     events = [e for e in json.loads(path.read_text()) if e.get("ph") in ("B", "E")]
     tracks = {(e["name"], e["ph"]): e["tid"] for e in events if e["pid"] == 1}
@@ -117,11 +111,11 @@ def test_stages_are_written_on_their_own_tracks(tmp_path: Path) -> None:
 def test_device_without_a_data_plane_is_staged_under_its_own_name() -> None:
     """Tensors of a device with no data plane travel the host path as "<type>+host": not a device route, and
     not "cpu" either, so validation refuses them next to CPU tensors on another rank (as Horovod does)."""
-    from hpcring.torch import mpi_ops
+    from hpcring.torch import tensors
 
-    mpi_ops._routes.pop("mps", None)
+    tensors._routes.pop("mps", None)
     with pytest.warns(RuntimeWarning, match="no device data plane for 'mps'"):
-        route = mpi_ops._device_route("mps")
+        route = tensors._device_route("mps")
     assert route == "mps+host"
     assert route not in device.ROUTES and route != "cpu"
-    mpi_ops._routes.pop("mps", None)
+    tensors._routes.pop("mps", None)

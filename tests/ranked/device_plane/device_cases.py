@@ -28,7 +28,7 @@ def plane_stats() -> dict[str, int]:
     """The device plane's counters (all zero before its first batch)."""
     from hpcring.torch import basics
 
-    plane: Any = basics.engine()._device
+    plane: Any = basics.engine().device_plane
     if plane is None:
         return {"batches": 0, "hierarchical": 0, "planes": 0, "released": 0}
     return dict(plane.stats)

@@ -38,11 +38,11 @@ def expected(op: str, n: int, length: int, dtype: torch.dtype) -> torch.Tensor:
 def test_the_route_taken(hvd: ModuleType) -> None:
     """Tensors take the device route (not numpy): the signature names it, the device plane counts the batch,
     and on 2 emulated nodes with hierarchical forced the three-stage allreduce ran."""
-    from hpcring.torch import mpi_ops
+    from hpcring.torch import tensors
 
     n = hvd.size()
     t = torch.ones(1000, device=DEVICE)
-    assert mpi_ops._view(t).device == ROUTE
+    assert tensors._view(t).device == ROUTE
     before = plane_stats()
     y = hvd.allreduce(t, op=hvd.Sum, name="route")
     after = plane_stats()
@@ -69,11 +69,11 @@ def test_ops_and_dtypes(hvd: ModuleType, op: str, dtype: torch.dtype) -> None:
 def test_int16_takes_the_host_path(hvd: ModuleType, op: str) -> None:
     """NCCL has no int16 (gloo, its CPU stand-in, rejects it too): such tensors are staged through host memory
     and reduced over MPI instead of failing, and come back on their device with the exact result."""
-    from hpcring.torch import mpi_ops
+    from hpcring.torch import tensors
 
     n, r = hvd.size(), hvd.rank()
     x = values(r, 7).to(torch.int16).to(DEVICE)
-    assert mpi_ops._view(x).device == ("cuda+host" if DEVICE.type == "cuda" else "cpu")
+    assert tensors._view(x).device == ("cuda+host" if DEVICE.type == "cuda" else "cpu")
     before = plane_stats()
     y = hvd.allreduce(x, op=getattr(hvd, op.capitalize()), name=f"int16.{op}")
     assert plane_stats()["batches"] == before["batches"]  # not the device plane

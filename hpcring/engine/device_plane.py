@@ -44,21 +44,28 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from hpcring import _deps
-from hpcring.collective.algorithms.chunks import part_sizes
+from hpcring.collective import kernels
 from hpcring.collective.arrays import numpy_view
-from hpcring.collective.backends.nccl import TorchTransport
-from hpcring.collective.engine import phases
-from hpcring.collective.engine.request import OpType
-from hpcring.collective.engine.timeline import NULL_SPAN
+from hpcring.collective.kernels import TorchTransport, part_sizes
 from hpcring.collective.ops import ReduceOp
 from hpcring.collective.selection import HIERARCHICAL_MIN_BYTES
+from hpcring.collective.stages import (
+    CROSS_ALLREDUCE,
+    INTRA_ALLGATHER,
+    INTRA_REDUCE_SCATTER,
+    StageHook,
+    unobserved,
+)
 from hpcring.config import EngineSettings
+from hpcring.engine.engine_state import EngineState
+from hpcring.engine.request import OpType
+from hpcring.engine.timeline import NULL_SPAN, stage_hook
 from hpcring.errors import CollectiveError
 
 if TYPE_CHECKING:
-    from hpcring.collective.engine.responses import Response
-    from hpcring.collective.engine.timeline import Timeline
     from hpcring.collective.topology import Topology
+    from hpcring.engine.responses import Response
+    from hpcring.engine.timeline import Timeline
 
 CUDA = "cuda"
 CPU_GLOO = "cpu+gloo"
@@ -169,29 +176,31 @@ def average_(buf: Any, n: int) -> None:
 # ------------------------------------------------------------ the hierarchical allreduce on a device
 
 
-def hierarchical_allreduce(local: TorchTransport, buf: Any, shard: Any, op: ReduceOp, cross: Any) -> None:
+def hierarchical_allreduce(
+    local: TorchTransport, buf: Any, shard: Any, op: ReduceOp, cross: Any, stages: StageHook = unobserved
+) -> None:
     """In-place allreduce of the 1-D `buf` (length a multiple of the node's rank count) in three stages:
     reduce-scatter inside the node into `shard` (this local rank's 1/L of buf), `cross(shard)` (allreduce of
     the shard among the ranks with this local rank on the other nodes), allgather of the shards back into
-    `buf` inside the node. Each stage is a timeline phase of its own (`phases`)."""
-    phases.begin(phases.INTRA_REDUCE_SCATTER)
+    `buf` inside the node. `stages` hears each stage begin and end."""
+    stages(INTRA_REDUCE_SCATTER, True)
     local.reduce_scatter_equal(buf, shard, op)
-    _settle(buf)
-    phases.end(phases.INTRA_REDUCE_SCATTER)
-    phases.begin(phases.CROSS_ALLREDUCE)
+    _settle(buf, stages)
+    stages(INTRA_REDUCE_SCATTER, False)
+    stages(CROSS_ALLREDUCE, True)
     cross(shard)
-    _settle(buf)
-    phases.end(phases.CROSS_ALLREDUCE)
-    phases.begin(phases.INTRA_ALLGATHER)
+    _settle(buf, stages)
+    stages(CROSS_ALLREDUCE, False)
+    stages(INTRA_ALLGATHER, True)
     local.allgather_equal(shard, buf)
-    _settle(buf)
-    phases.end(phases.INTRA_ALLGATHER)
+    _settle(buf, stages)
+    stages(INTRA_ALLGATHER, False)
 
 
-def _settle(t: Any) -> None:
-    """While a timeline records this CUDA collective, wait for the GPU so a stage's span ends when its work
-    does, not when it was queued; otherwise nothing (the GPU keeps the stages in order by itself)."""
-    if t.is_cuda and phases.recording() and phases.current()[0] is not None:
+def _settle(t: Any, stages: StageHook) -> None:
+    """While someone measures the stages of this CUDA collective, wait for the GPU so a stage's span ends
+    when its work does, not when it was queued; otherwise nothing (the GPU keeps the stages in order)."""
+    if t.is_cuda and stages is not unobserved:
         _deps.torch().cuda.current_stream(t.device).synchronize()
 
 
@@ -271,7 +280,6 @@ class SetPlane:
         work queued inside it is done (so spans show device time)."""
         if timeline is None:
             return NULL_SPAN
-        phases.set_current(timeline, names)
         return self._timed(timeline, names, phase)
 
     @contextlib.contextmanager
@@ -307,13 +315,15 @@ class SetPlane:
                 flat = out.view(-1)
                 if out is not src:
                     flat.copy_(src.view(-1))
-                self._reduce(flat, sig.reduce_op, sig.prescale, sig.postscale, hier)
+                self._reduce(
+                    flat, sig.reduce_op, sig.prescale, sig.postscale, hier, stage_hook(timeline, names)
+                )
             return [out]
         buf = self.buffer("fusion", dtype, total + pad)
         with self.span(timeline, names, "MEMCPY_IN_FUSION_BUFFER"):
             self._pack(batch, counts, buf, neutral(sig.reduce_op, dtype))
         with self.span(timeline, names, "COLLECTIVE"):
-            self._reduce(buf, sig.reduce_op, sig.prescale, sig.postscale, hier)
+            self._reduce(buf, sig.reduce_op, sig.prescale, sig.postscale, hier, stage_hook(timeline, names))
         with self.span(timeline, names, "MEMCPY_OUT_FUSION_BUFFER"):
             return self._unpack(batch, counts, buf)
 
@@ -355,7 +365,7 @@ class SetPlane:
             torch._foreach_copy_(outs, parts)
         return results
 
-    def _reduce(self, buf: Any, op_name: str, pre: float, post: float, hier: bool) -> None:
+    def _reduce(self, buf: Any, op_name: str, pre: float, post: float, hier: bool, stages: StageHook) -> None:
         """buf (1-D, on the device) = allreduce over the set, with the agreed op and scale factors."""
         op = _REDUCE_OPS[op_name]
         wire = ReduceOp.SUM if op is ReduceOp.AVERAGE else op
@@ -364,7 +374,9 @@ class SetPlane:
             if hier:
                 local = self.local()
                 shard = self.buffer("shard", buf.dtype, buf.numel() // local.size)
-                hierarchical_allreduce(local, buf, shard, wire, lambda s: self._cross_allreduce(s, wire))
+                hierarchical_allreduce(
+                    local, buf, shard, wire, lambda s: self._cross_allreduce(s, wire), stages
+                )
             else:
                 self.world.allreduce(buf, wire)
         scale_(buf, post / self.topo.size if op is ReduceOp.AVERAGE else post)
@@ -378,13 +390,11 @@ class SetPlane:
         if self.settings.device_cross == "nccl":
             self.cross().allreduce(shard, op)
             return
-        from hpcring.collective.algorithms.hierarchical import flat_allreduce  # (it imports the engine)
-
         host = shard
         if shard.device.type != "cpu":
             host = self.buffer("staging", shard.dtype, shard.numel(), pinned_host=True)
             host.copy_(shard)  # synchronous: the stream has produced the shard when it returns
-        flat_allreduce(self.topo.transport("cross"), numpy_view(host), op)
+        kernels.flat_allreduce(self.topo.transport("cross"), numpy_view(host), op)
         if host is not shard:
             # From pinned memory, queued on the stream: the next staging copy into `host` is ordered after
             # it, and the batch ends with a stream synchronisation.
@@ -460,8 +470,8 @@ class SetPlane:
 class DevicePlane:
     """What the engine calls for batches on a device route; holds one `SetPlane` per set and route."""
 
-    def __init__(self, settings: EngineSettings) -> None:
-        self.settings = settings
+    def __init__(self, state: EngineState) -> None:
+        self._state = state
         self._sets: dict[int, dict[str, SetPlane]] = {}
         # Counters for tests and benchmarks (engine thread only): batches run here, hierarchical allreduces,
         # process-group sets built and shut down.
@@ -475,16 +485,12 @@ class DevicePlane:
         planes = self._sets.setdefault(set_id, {})
         plane = planes.get(route)
         if plane is None:
-            plane = planes[route] = SetPlane(topo, route, self.settings, self.stats)
+            plane = planes[route] = SetPlane(topo, route, self._state.settings, self.stats)
             self.stats["planes"] += 1
         self.stats["batches"] += 1
-        try:
-            with plane.on_device():
-                results = self._dispatch(plane, batch, timeline)
-                plane.finish()
-        finally:
-            if timeline is not None:  # stage reports after this batch belong to no tensor of it
-                phases.set_current(None, [])
+        with plane.on_device():
+            results = self._dispatch(plane, batch, timeline)
+            plane.finish()
         return results
 
     @staticmethod
