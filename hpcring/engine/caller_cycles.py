@@ -91,7 +91,8 @@ class CallerCycles:
 
     def _lone_request(self, handle: Handle) -> bool:
         """The handle's request is this rank's only request in flight, a small request not yet taken in by
-        a cycle (engine lock held by the caller)."""
+        a cycle (engine lock held by the caller). Device requests too: their batch queues its work on a
+        communication stream and returns, whichever thread runs it."""
         found = None
         for st in self._state.sets.values():
             if not st.inflight:
@@ -99,7 +100,7 @@ class CallerCycles:
             if found is not None or len(st.inflight) != 1 or len(st.incoming) != 1:
                 return False
             found = st.incoming[0]
-        if found is None or found.handle is not handle or found.sig.device != "cpu":
+        if found is None or found.handle is not handle:
             return False
         nbytes = getattr(found.tensor, "nbytes", None)
         return nbytes is not None and nbytes <= INLINE_MAX_BYTES

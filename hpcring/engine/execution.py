@@ -11,8 +11,8 @@ import time
 from itertools import repeat
 from typing import Any, Protocol
 
-from hpcring.engine.device_plane import ROUTES as DEVICE_ROUTES
 from hpcring.engine.device_plane import DevicePlane
+from hpcring.engine.device_routes import ROUTES as DEVICE_ROUTES
 from hpcring.engine.engine_state import EngineState
 from hpcring.engine.host_plane import HostPlane
 from hpcring.engine.request import CACHEABLE, OpType, complete
@@ -117,7 +117,7 @@ class Executor:
             op = first.sig.op_type
             if first.sig.device in DEVICE_ROUTES:  # torch tensors on a device: the device plane, never numpy
                 if self.device is None:
-                    self.device = DevicePlane(self._state)
+                    self.device = DevicePlane(self._state, self._host)
                 results = self.device.run(st.id, st.topology, batch, timeline)
             elif op is _ALLREDUCE:
                 results = self._host.allreduce(st, batch, timeline, counts)

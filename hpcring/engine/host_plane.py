@@ -16,6 +16,7 @@ import numpy as np
 
 from hpcring.collective import dtypes, kernels
 from hpcring.collective.ops import ReduceOp
+from hpcring.collective.topology import Topology
 from hpcring.engine.engine_state import EngineState
 from hpcring.engine.host_buffers import _adjacent_span, _is_none, _postscale, _unpack
 from hpcring.engine.joined import _neutral
@@ -58,20 +59,21 @@ class HostPlane:
 
     def reduce(
         self,
-        st: SetState,
+        topo: Topology,
         src: NDArray,
         dst: NDArray,
         sig: Signature,
         timeline: Timeline | None,
         names: list[str],
-    ) -> None:
-        """dst = allreduce(src) with the agreed op and scale factors (dst may be src)."""
+    ) -> str:
+        """dst = allreduce(src) with the agreed op and scale factors (dst may be src); returns the algorithm
+        that ran."""
         op = _REDUCE_OPS[sig.reduce_op]
         flat_src = src.reshape(-1)
         flat_dst = flat_src if dst is src else dst.reshape(-1)
         settings = self._state.settings
         algorithm = kernels.pick_allreduce(
-            st.topology, flat_src, op, settings.allreduce_algorithm, ENGINE_SHM_MIN_RANKS
+            topo, flat_src, op, settings.allreduce_algorithm, ENGINE_SHM_MIN_RANKS
         )
         staged = flat_dst is not flat_src and flat_dst.nbytes >= _STAGE_IN_PLACE_BYTES and algorithm != "shm"
         if sig.prescale != 1.0 or staged:
@@ -80,9 +82,9 @@ class HostPlane:
             if sig.prescale != 1.0:
                 dtypes.scale(flat_dst, sig.prescale)
             flat_src = flat_dst
-        post = _postscale(sig, op, st.size)
+        post = _postscale(sig, op, topo.size)
         used = kernels.allreduce(
-            st.topology,
+            topo,
             flat_src,
             flat_dst,
             op,
@@ -94,6 +96,7 @@ class HostPlane:
             stages=stage_hook(timeline, names),
         )
         self._state.stats["shm"] += used == "shm"
+        return used
 
     def allreduce(
         self,
@@ -112,7 +115,7 @@ class HostPlane:
             req = reqs[0]
             dst = req.output if req.output is not None else req.tensor
             with span(timeline, names, "COLLECTIVE"):
-                self.reduce(st, req.tensor, dst, sig, timeline, names)
+                self.reduce(st.topology, req.tensor, dst, sig, timeline, names)
             return [dst]
         if counts is None:
             counts = list(map(math.prod, map(_SHAPE, map(_SIG, batch))))  # allreduce shapes: no -1
@@ -129,7 +132,7 @@ class HostPlane:
             stats["no_pack"] += 1
             stats["no_unpack"] += 1
             with span(timeline, names, "COLLECTIVE"):
-                self.reduce(st, src, dst, sig, timeline, names)
+                self.reduce(st.topology, src, dst, sig, timeline, names)
             return outputs
         if st.size == 1 and sig.prescale == 1.0:
             return self._allreduce_alone(st, tensors, outputs, counts, dtype, sig)
@@ -142,7 +145,9 @@ class HostPlane:
             with span(timeline, names, "MEMCPY_IN_FUSION_BUFFER"):
                 np.concatenate(tensors, axis=None, out=buf)  # one C loop packs every tensor
         with span(timeline, names, "COLLECTIVE"):
-            self.reduce(st, buf if src is None else src, buf if dst is None else dst, sig, timeline, names)
+            self.reduce(
+                st.topology, buf if src is None else src, buf if dst is None else dst, sig, timeline, names
+            )
         if dst is None:
             with span(timeline, names, "MEMCPY_OUT_FUSION_BUFFER"):
                 _unpack(buf, counts, outputs)
@@ -284,7 +289,7 @@ class HostPlane:
                 for lo, hi in own:
                     dtypes.scale(buf[lo:hi], sig.prescale)
         with span(timeline, names, "COLLECTIVE"):
-            self.reduce(st, buf, buf, sig._replace(prescale=1.0), timeline, names)
+            self.reduce(st.topology, buf, buf, sig._replace(prescale=1.0), timeline, names)
         results: list[Any] = []
         with span(timeline, names, "MEMCPY_OUT_FUSION_BUFFER"):
             off = 0
@@ -300,29 +305,34 @@ class HostPlane:
 
     def single(self, st: SetState, r: Response, timeline: Timeline | None) -> Any:
         """allgather, broadcast, alltoall or reducescatter of this rank's request."""
-        sig, req = r.sig, r.local
-        topo = st.topology
-        op = sig.op_type
+        req = r.local
         assert req is not None and req.tensor is not None  # joined ranks are refused in negotiation
-        tensor = req.tensor
-        with span(timeline, [sig.name] if timeline is not None else [], "COLLECTIVE"):
-            if op is OpType.ALLGATHER:
-                return kernels.allgather(topo, np.ascontiguousarray(tensor))
-            if op is OpType.BROADCAST:
-                buf = req.output if req.output is not None else tensor
-                kernels.broadcast(topo, buf, sig.root)
-                return buf
-            if op is OpType.ALLTOALL:
-                rows = int(tensor.shape[0]) if tensor.ndim else 0
-                counts = kernels.parse_splits(req.splits, rows, topo.size, "alltoall")
-                result, received = kernels.alltoall(topo, np.ascontiguousarray(tensor), counts)
-                return result, received.astype(np.int32)
-            if op is OpType.REDUCESCATTER:
-                src = tensor
-                if sig.prescale != 1.0:
-                    src = src.copy()
-                    dtypes.scale(src, sig.prescale)
-                out = kernels.reducescatter(topo, np.ascontiguousarray(src), _REDUCE_OPS[sig.reduce_op])
-                dtypes.scale(out, sig.postscale)
-                return out
-        raise CollectiveError(f"unknown operation {op!r}")
+        with span(timeline, [r.sig.name] if timeline is not None else [], "COLLECTIVE"):
+            return run_single(st.topology, r.sig, req.tensor, req.output, req.splits)
+
+
+def run_single(topo: Topology, sig: Signature, tensor: NDArray, output: NDArray | None, splits: Any) -> Any:
+    """allgather, broadcast (into `output`, or `tensor` in place), alltoall ((rows, received splits as
+    int32)) or reducescatter of `tensor` over `topo`, with the agreed signature's arithmetic. The device
+    plane's MPI route calls it on staged host copies, so both planes compute alike."""
+    op = sig.op_type
+    if op is OpType.ALLGATHER:
+        return kernels.allgather(topo, np.ascontiguousarray(tensor))
+    if op is OpType.BROADCAST:
+        buf = output if output is not None else tensor
+        kernels.broadcast(topo, buf, sig.root)
+        return buf
+    if op is OpType.ALLTOALL:
+        rows = int(tensor.shape[0]) if tensor.ndim else 0
+        counts = kernels.parse_splits(splits, rows, topo.size, "alltoall")
+        result, received = kernels.alltoall(topo, np.ascontiguousarray(tensor), counts)
+        return result, received.astype(np.int32)
+    if op is OpType.REDUCESCATTER:
+        src = tensor
+        if sig.prescale != 1.0:
+            src = src.copy()
+            dtypes.scale(src, sig.prescale)
+        out = kernels.reducescatter(topo, np.ascontiguousarray(src), _REDUCE_OPS[sig.reduce_op])
+        dtypes.scale(out, sig.postscale)
+        return out
+    raise CollectiveError(f"unknown operation {op!r}")

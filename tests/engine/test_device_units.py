@@ -17,7 +17,7 @@ from hpcring.engine.timeline import Timeline, stage_hook
 from hpcring.errors import CollectiveError, ConfigError
 
 torch = pytest.importorskip("torch")
-device = pytest.importorskip("hpcring.engine.device_plane")
+device = pytest.importorskip("hpcring.engine.device_routes")
 
 
 def test_settings() -> None:
@@ -29,13 +29,42 @@ def test_settings() -> None:
         engine_settings({"HPCRING_DEVICE_CROSS": "ucx"})
     with pytest.raises(ConfigError, match="HPCRING_CPU_DEVICE_PLANE='1'"):
         engine_settings({"HPCRING_CPU_DEVICE_PLANE": "1"})
+    assert engine_settings({"HPCRING_CPU_DEVICE_PLANE": "mpi"}).cpu_device_plane == "mpi"
+
+
+def test_gpu_carriers_follow_horovods_variables() -> None:
+    """HOROVOD_GPU_OPERATIONS sets every op's carrier, HOROVOD_GPU_<OP> overrides one, the HPCRING_ twin
+    wins over the HOROVOD_ name; anything but NCCL or MPI is refused naming the variable."""
+    s = engine_settings({})
+    assert [s.gpu_carrier(op) for op in ("allreduce", "allgather", "reducescatter")] == ["nccl"] * 3
+    s = engine_settings({"HOROVOD_GPU_OPERATIONS": "MPI", "HOROVOD_GPU_ALLGATHER": "NCCL"})
+    assert (s.gpu_carrier("allreduce"), s.gpu_carrier("allgather"), s.gpu_carrier("alltoall")) == (
+        "mpi",
+        "nccl",
+        "mpi",
+    )
+    s = engine_settings({"HOROVOD_GPU_ALLREDUCE": "NCCL", "HPCRING_GPU_ALLREDUCE": "mpi"})
+    assert s.gpu_carrier("allreduce") == "mpi" and s.gpu_carrier("broadcast") == "nccl"
+    with pytest.raises(ConfigError, match=r"HOROVOD_GPU_ALLREDUCE='DDL' is not allowed; use 'nccl' or 'mpi'"):
+        engine_settings({"HOROVOD_GPU_ALLREDUCE": "DDL"})
+
+
+def test_streams_and_async_completion() -> None:
+    s = engine_settings({"HOROVOD_NUM_NCCL_STREAMS": "2", "HOROVOD_ENABLE_ASYNC_COMPLETION": "1"})
+    assert (s.num_streams, s.async_completion) == (2, True)
+    assert (engine_settings({}).num_streams, engine_settings({}).async_completion) == (1, False)
+    with pytest.raises(ConfigError, match="HOROVOD_NUM_NCCL_STREAMS"):
+        engine_settings({"HOROVOD_NUM_NCCL_STREAMS": "0"})
 
 
 def test_routes() -> None:
     assert device.route_of("cuda") == ("cuda", "nccl")
+    assert device.route_of("cuda+mpi") == ("cuda", "mpi")
     assert device.route_of("cpu+gloo") == ("cpu", "gloo")
+    assert device.route_of("cpu+mpi") == ("cpu", "mpi")
+    known = r"cpu\+gloo, cpu\+mpi, cuda, cuda\+mpi"
     with pytest.raises(
-        CollectiveError, match=r"no device data plane for device 'mps'; known routes: cpu\+gloo, cuda"
+        CollectiveError, match=rf"no device data plane for device 'mps'; known routes: {known}"
     ):
         device.route_of("mps")
 
@@ -113,9 +142,10 @@ def test_device_without_a_data_plane_is_staged_under_its_own_name() -> None:
     not "cpu" either, so validation refuses them next to CPU tensors on another rank (as Horovod does)."""
     from hpcring.torch import tensors
 
-    tensors._routes.pop("mps", None)
+    tensors._routes.clear()
+    tensors._warned.discard("mps")
     with pytest.warns(RuntimeWarning, match="no device data plane for 'mps'"):
         route = tensors._device_route("mps")
     assert route == "mps+host"
     assert route not in device.ROUTES and route != "cpu"
-    tensors._routes.pop("mps", None)
+    tensors._routes.clear()
