@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import ddp_models
 
 import hpcring.torch as hvd
-from hpcring.collective.autotune import autotune_options
 from hpcring.config import DEFAULT_CYCLE_TIME_MS, DEFAULT_FUSION_THRESHOLD
+from hpcring.engine.tuning_search import autotune_options
 from hpcring.torch import autotune, basics
 
 

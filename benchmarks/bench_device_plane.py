@@ -1,21 +1,25 @@
 """The engine's device data plane against torch.distributed's own allreduce, on the same ranks and tensors.
 
-Run under the launcher (benchmarks/gpu_check.sh runs the CUDA form on a GPU node):
+Run under the launcher (benchmarks/gpu_check.sh runs the CUDA forms on a GPU machine):
 
-    hpcring run -np 2 -- python benchmarks/bench_device_plane.py --device cuda --size 64M
-    hpcring run -np 2 -- python benchmarks/bench_device_plane.py --device cpu --size 64M   # gloo, CI
+    hpcring run -np 1 -- python benchmarks/bench_device_plane.py --device cuda --sizes 4,1M,64M
+    HOROVOD_GPU_OPERATIONS=MPI hpcring run -np 2 -- \\
+        python benchmarks/bench_device_plane.py --device cuda --sizes 4,1M,64M --peer gloo
+    hpcring run -np 2 -- python benchmarks/bench_device_plane.py --device cpu --sizes 64M   # CI: gloo
 
-Rows (each an in-place float32 SUM allreduce of `--size` bytes, median over `--repeats` of the slowest
+Rows, per size (an in-place float32 SUM allreduce of that many bytes, median over `--repeats` of the slowest
 rank's time, the rows interleaved per repetition so drifting load hits them alike):
 
-- `engine (device plane)`: `hvd.allreduce_` of the tensor: negotiation, then the device plane (NCCL on
-  CUDA; gloo for CPU tensors, with HPCRING_CPU_DEVICE_PLANE=gloo, which this script sets);
-- `torch.distributed.all_reduce`: the default process group (NCCL on CUDA, gloo on CPU) called directly;
+- `engine`: `hvd.allreduce_` of the tensor, a synchronous op: negotiation, then the device plane on the route
+  the environment chooses (NCCL, or the MPI route under HOROVOD_GPU_OPERATIONS=MPI; gloo or the MPI stand-in
+  for CPU tensors under HPCRING_CPU_DEVICE_PLANE, which `--device cpu` sets to gloo unless given);
+- `torch.distributed.all_reduce`: the default process group (`--peer`: NCCL, or gloo, which also takes CUDA
+  tensors, staging them on the host as the MPI route does) called directly on the same tensor;
 - on CPU also `engine (host path)`: the same engine with the device plane off (numpy + MPI), for reference.
 
-CUDA timing: every measured call is bracketed by `torch.cuda.synchronize()`, so a row is the time until the
-GPU has the result, not until the call was queued. Each rank uses one GPU: cuda:LOCAL_RANK, or cuda:(RANK mod
-the GPU count) when nodes are emulated on one machine (`--emulate-nodes`), so ranks never share a GPU.
+CUDA timing: every measured call is followed by `torch.cuda.synchronize()`, so a row is the time until the
+GPU has the result. Each rank uses cuda:(LOCAL_RANK, or RANK under emulated nodes, modulo the GPU count):
+with fewer GPUs than ranks, ranks share one (the MPI route allows it; NCCL does not).
 """
 
 from __future__ import annotations
@@ -36,13 +40,11 @@ from hpcring.config import parse_bytes
 
 
 def rank_device(kind: str) -> torch.device:
-    """This rank's device: a GPU of its own on CUDA."""
+    """This rank's device: a GPU of its own where there are enough, else shared round-robin."""
     if kind == "cpu":
         return torch.device("cpu")
-    if os.environ.get("HPCRING_EMULATE_NODES"):
-        index = int(os.environ.get("RANK", "0")) % torch.cuda.device_count()
-    else:
-        index = int(os.environ.get("LOCAL_RANK", "0"))
+    key = "RANK" if os.environ.get("HPCRING_EMULATE_NODES") else "LOCAL_RANK"
+    index = int(os.environ.get(key, "0")) % torch.cuda.device_count()
     torch.cuda.set_device(index)
     return torch.device("cuda", index)
 
@@ -75,38 +77,53 @@ def measure(comm: Any, device: torch.device, fn: Callable[[], None]) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
-    ap.add_argument("--size", default="64M", help="bytes per allreduce (e.g. 64M)")
+    ap.add_argument("--sizes", default="64M", help="comma-separated bytes per allreduce (e.g. 4,1M,64M)")
+    ap.add_argument(
+        "--peer", choices=("nccl", "gloo"), default=None, help="default: nccl on CUDA, gloo on CPU"
+    )
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--json", help="also write the figures to this file (rank 0)")
     args = ap.parse_args()
     if args.device == "cpu":
-        os.environ["HPCRING_CPU_DEVICE_PLANE"] = "gloo"
+        os.environ.setdefault("HPCRING_CPU_DEVICE_PLANE", "gloo")
+    peer = args.peer or ("nccl" if args.device == "cuda" else "gloo")
     torch.set_num_threads(1)
     import hpcring.torch as hvd
 
     device = rank_device(args.device)
     comm = MPI.COMM_WORLD.Dup()
-    count = parse_bytes("--size", args.size) // 4
     hvd.init()
-    init_torch_distributed(comm, "nccl" if args.device == "cuda" else "gloo")
-    t = torch.ones(count, dtype=torch.float32, device=device)
+    init_torch_distributed(comm, peer)
+    figures: dict[str, Any] = {}
+    for size in args.sizes.split(","):
+        t = torch.ones(max(1, parse_bytes("--sizes", size) // 4), dtype=torch.float32, device=device)
 
-    def engine() -> None:
-        hvd.allreduce_(t, op=hvd.Sum, name="bench.device_plane")
+        def engine(t: torch.Tensor = t) -> None:
+            hvd.allreduce_(t, op=hvd.Sum, name="bench.device_plane")
 
-    def direct() -> None:
-        dist.all_reduce(t)
+        def direct(t: torch.Tensor = t) -> None:
+            dist.all_reduce(t)
 
-    times = run_rows(
-        comm, device, t, args, {"engine (device plane)": engine, "torch.distributed.all_reduce": direct}
-    )
-    if args.device == "cpu":  # the same engine on the host path (numpy + MPI), after a re-init
-        hvd.shutdown()
-        os.environ["HPCRING_CPU_DEVICE_PLANE"] = "off"
-        hvd.init()
-        times.update(run_rows(comm, device, t, args, {"engine (host path, MPI)": engine}))
-    report(comm, args, times)
+        rows = {"engine": engine, f"torch.distributed.all_reduce ({peer})": direct}
+        times = run_rows(comm, device, t, args, rows)
+        if args.device == "cpu":  # the same engine on the host path (numpy + MPI), after a re-init
+            hvd.shutdown()
+            plane = os.environ["HPCRING_CPU_DEVICE_PLANE"]
+            os.environ["HPCRING_CPU_DEVICE_PLANE"] = "off"
+            hvd.init()
+            times.update(run_rows(comm, device, t, args, {"engine (host path, MPI)": engine}))
+            hvd.shutdown()
+            os.environ["HPCRING_CPU_DEVICE_PLANE"] = plane
+            hvd.init()
+        figures[size] = report(comm, args, size, peer, times)
+    if comm.Get_rank() == 0 and args.json:
+        route = (
+            os.environ.get("HOROVOD_GPU_OPERATIONS") or os.environ.get("HPCRING_CPU_DEVICE_PLANE") or "nccl"
+        )
+        with open(args.json, "w", encoding="utf-8") as f:
+            meta = {"device": args.device, "ranks": comm.Get_size(), "route": route, "peer": peer}
+            json.dump({**meta, "sizes": figures}, f, indent=1)
     hvd.shutdown()
     dist.destroy_process_group()
 
@@ -132,25 +149,23 @@ def run_rows(
     return times
 
 
-def report(comm: Any, args: argparse.Namespace, times: dict[str, list[float]]) -> None:
-    """Rank 0 prints medians and the ratio to torch.distributed's own call."""
-    if comm.Get_rank() != 0:
-        return
-    peer = statistics.median(times["torch.distributed.all_reduce"])
-    print(
-        f"allreduce of {args.size} float32 on {args.device}, {comm.Get_size()} ranks, "
-        f"median of {args.repeats} (slowest rank per repetition)"
-    )
-    figures = {}
+def report(
+    comm: Any, args: argparse.Namespace, size: str, peer: str, times: dict[str, list[float]]
+) -> dict[str, Any]:
+    """Rank 0 prints medians and the ratio to torch.distributed's own call; returns them."""
+    base = statistics.median(times[f"torch.distributed.all_reduce ({peer})"])
+    out = {}
     for name, values in times.items():
         med = statistics.median(values)
-        figures[name] = {"median_s": med, "ratio_to_torch_distributed": med / peer}
-        print(f"  {name:<32} {med * 1e3:9.2f} ms   x{med / peer:5.2f}")
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(
-                {"size": args.size, "device": args.device, "ranks": comm.Get_size(), **figures}, f, indent=1
-            )
+        out[name] = {"median_us": round(med * 1e6, 1), "ratio_to_torch_distributed": round(med / base, 2)}
+    if comm.Get_rank() == 0:
+        print(
+            f"allreduce of {size} B float32 on {args.device}, {comm.Get_size()} ranks, "
+            f"median of {args.repeats} (slowest rank per repetition)"
+        )
+        for name, row in out.items():
+            print(f"  {name:<36} {row['median_us']:11.1f} us   x{row['ratio_to_torch_distributed']:5.2f}")
+    return out
 
 
 if __name__ == "__main__":

@@ -46,10 +46,10 @@ import numpy as np
 
 import hpcring
 from hpcring.collective.algorithms.shm import shm_round
-from hpcring.collective.engine import Engine, OpType, Request, Signature
-from hpcring.collective.engine.buffers import _unpack
 from hpcring.collective.ops import ReduceOp
 from hpcring.config import EngineSettings, engine_settings
+from hpcring.engine import Engine, OpType, Request, Signature
+from hpcring.engine.host_buffers import _unpack
 
 TENSORS = 256
 TENSOR_BYTES = 16 * 1024

@@ -16,7 +16,9 @@ from dataclasses import dataclass
 from hpcring.errors import ConfigError, choices
 
 ALGORITHMS = ("auto", "native", "ring", "hierarchical", "shm")  # allreduce algorithms (collective.selection)
-CPU_DEVICE_PLANES = ("off", "gloo")  # HPCRING_CPU_DEVICE_PLANE: CPU torch tensors through the device plane?
+CPU_DEVICE_PLANES = ("off", "gloo", "mpi")  # HPCRING_CPU_DEVICE_PLANE: CPU tensors standing in for GPU ones
+GPU_CARRIERS = ("nccl", "mpi")  # HPCRING_GPU_OPERATIONS / HOROVOD_GPU_<OP>: what moves CUDA tensors
+GPU_OPS = ("allreduce", "allgather", "broadcast", "alltoall", "reducescatter")
 DEVICE_CROSS = ("mpi", "nccl")  # HPCRING_DEVICE_CROSS: what carries the device plane's cross-node stage
 LOG_LEVELS = ("trace", "debug", "info", "warning", "error", "fatal")
 
@@ -57,9 +59,18 @@ class EngineSettings:
     stall_check_disable: bool = False
     allreduce_algorithm: str = "auto"
     log_level: str = "warning"
-    # The device data plane (hpcring/collective/engine/device.py, docs/engine.md "GPU tensors"):
-    cpu_device_plane: str = "off"  # "gloo": CPU torch tensors take the device plane with gloo (tests, CI)
+    # The device data plane (hpcring/engine/device_plane.py, docs/engine.md "GPU tensors"):
+    cpu_device_plane: str = "off"  # "gloo"/"mpi": CPU torch tensors take the device plane's routes (CI)
     device_cross: str = "mpi"  # hierarchical cross-node stage: MPI on a host copy, or the device backend
+    num_streams: int = 1  # communication streams (lanes) per device and process set
+    async_completion: bool = False  # synchronize() makes the caller's stream wait instead of the CPU
+    # Per op of GPU_OPS, what carries CUDA tensors: "nccl" (process groups) or "mpi" (staged on the host).
+    gpu_carriers: tuple[str, ...] = ("nccl",) * len(GPU_OPS)
+
+    def gpu_carrier(self, op: str) -> str:
+        """What carries CUDA tensors of collective `op` (one of GPU_OPS): "nccl" or "mpi"."""
+        return self.gpu_carriers[GPU_OPS.index(op)]
+
     # DistributedOptimizer (hpcring/torch/buckets.py): MiB of gradients per bucket; 0: one request per tensor
     bucket_cap_mb: float = DEFAULT_BUCKET_CAP_MB
 
@@ -164,6 +175,10 @@ def engine_settings(env: Mapping[str, str] | None = None) -> EngineSettings:
     disable = parse_bool(*found) if found else False
     found = lookup(env, "BUCKET_CAP_MB")
     bucket_cap = parse_float(*found) if found else DEFAULT_BUCKET_CAP_MB
+    found = lookup(env, "NUM_NCCL_STREAMS")
+    streams = parse_int(*found, minimum=1) if found else 1
+    found = lookup(env, "ENABLE_ASYNC_COMPLETION")
+    async_completion = parse_bool(*found) if found else False
     return EngineSettings(
         fusion_threshold=fusion,
         cycle_time_ms=cycle,
@@ -178,7 +193,22 @@ def engine_settings(env: Mapping[str, str] | None = None) -> EngineSettings:
         cpu_device_plane=_own_choice(env, "HPCRING_CPU_DEVICE_PLANE", CPU_DEVICE_PLANES, "off"),
         device_cross=_own_choice(env, "HPCRING_DEVICE_CROSS", DEVICE_CROSS, "mpi"),
         bucket_cap_mb=bucket_cap,
+        num_streams=streams,
+        async_completion=async_completion,
+        gpu_carriers=_gpu_carriers(env),
     )
+
+
+def _gpu_carriers(env: Mapping[str, str]) -> tuple[str, ...]:
+    """Per op of GPU_OPS, "nccl" or "mpi": HOROVOD_GPU_<OP> (or HPCRING_GPU_<OP>) over HOROVOD_GPU_OPERATIONS
+    over NCCL, as Horovod reads them."""
+    found = lookup(env, "GPU_OPERATIONS")
+    default = parse_choice(*found, GPU_CARRIERS) if found and found[1] else "nccl"
+    carriers = []
+    for op in GPU_OPS:
+        found = lookup(env, f"GPU_{op.upper()}")
+        carriers.append(parse_choice(*found, GPU_CARRIERS) if found and found[1] else default)
+    return tuple(carriers)
 
 
 def _own_choice(env: Mapping[str, str], var: str, allowed: tuple[str, ...], default: str) -> str:

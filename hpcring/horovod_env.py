@@ -148,8 +148,25 @@ VARIABLES: tuple[HorovodVariable, ...] = (
     ),
     _v(
         "NUM_NCCL_STREAMS",
-        False,
-        "the device plane runs each process set's NCCL collectives on one stream of its own",
+        True,
+        "communication streams per GPU and process set, each with its own NCCL communicators; batches take "
+        "them in turn",
+    ),
+    _v(
+        "GPU_OPERATIONS",
+        True,
+        "NCCL (process groups) or MPI (CUDA tensors staged through pinned host memory and reduced over MPI) "
+        "for every GPU collective",
+        ("nccl", "mpi"),
+    ),
+    *(
+        _v(
+            f"GPU_{op}",
+            True,
+            f"NCCL or MPI for GPU {op.lower()}s (over HOROVOD_GPU_OPERATIONS)",
+            ("nccl", "mpi"),
+        )
+        for op in ("ALLREDUCE", "ALLGATHER", "BROADCAST", "ALLTOALL", "REDUCESCATTER")
     ),
     _v(
         "BATCH_D2D_MEMCOPIES",
@@ -159,8 +176,9 @@ VARIABLES: tuple[HorovodVariable, ...] = (
     ),
     _v(
         "ENABLE_ASYNC_COMPLETION",
-        False,
-        "handles complete when the collective's stream work is done; no switch",
+        True,
+        "synchronize() of a GPU op makes the caller's current stream wait for the communication stream "
+        "instead of waiting on the CPU; results are then readable from that stream",
     ),
     _v("DISABLE_NVTX_RANGES", False, "hpcring emits no NVTX ranges, so there is nothing to disable"),
     _v("ENABLE_XLA_OPS", False, "XLA ops are TensorFlow's; hpcring serves PyTorch only"),

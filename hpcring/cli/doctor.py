@@ -28,7 +28,7 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from hpcring.launch.doctor import diagnose, format_text
+    from hpcring.diagnostics import diagnose, format_text
 
     report = diagnose()
     print(json.dumps(report.to_dict(), indent=2) if args.json else format_text(report))

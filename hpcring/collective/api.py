@@ -1,8 +1,9 @@
 """The data operations: allreduce, allgather, broadcast, alltoall, reducescatter, barrier.
 
 Each call (1) looks at the input through a zero-copy numpy view, (2) checks its own arguments, (3) unless
-`validate=False` agrees a small signature with the other ranks (see validate.py), then (4) runs an algorithm
-on flat 1-D views. Results come back in the caller's kind: numpy in, numpy out; tensor in, tensor out.
+`validate=False` agrees a small signature with the other ranks (`crosscheck.py`), then (4) runs the
+unchecked collective (`kernels.py`) on flat 1-D views. Results come back in the caller's kind: numpy in,
+numpy out; tensor in, tensor out.
 """
 
 from __future__ import annotations
@@ -10,24 +11,18 @@ from __future__ import annotations
 import functools
 import math
 import numbers
-import warnings
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from hpcring.collective import dtypes, runtime, selection
-from hpcring.collective.algorithms.chunks import offsets, part_sizes
-from hpcring.collective.algorithms.hierarchical import hierarchical_allreduce
-from hpcring.collective.algorithms.native import native_allreduce
-from hpcring.collective.algorithms.ring import DEFAULT_CHUNK_BYTES, ring_allreduce, ring_reduce_scatter
-from hpcring.collective.algorithms.shm import Finish, shm_allreduce
-from hpcring.collective.arrays import Buffer, as_buffer, is_tensor, to_kind
+from hpcring.collective import dtypes, kernels, runtime
+from hpcring.collective.algorithms.shm import Finish
+from hpcring.collective.arrays import Buffer, as_buffer, to_kind
+from hpcring.collective.crosscheck import Signature, prepare
 from hpcring.collective.ops import ReduceOp, parse_op
-from hpcring.collective.selection import SHM_MIN_RANKS, choose_algorithm, chunk_bytes, resolve_algorithm
+from hpcring.collective.selection import resolve_algorithm
 from hpcring.collective.topology import Topology
-from hpcring.collective.validate import Signature, prepare
-from hpcring.errors import ConfigError, choices
+from hpcring.errors import ConfigError
 
 NDArray = np.ndarray[Any, Any]
 
@@ -51,116 +46,6 @@ def _rows_and_trailing(buf: Buffer, what: str) -> tuple[int, tuple[int, ...]]:
 
 def _flat(arr: NDArray) -> NDArray:
     return arr.reshape(-1)
-
-
-def run_allreduce(
-    topo: Topology,
-    src: NDArray,
-    dst: NDArray,
-    op: ReduceOp,
-    algorithm: str,
-    chunk: int | None = None,
-    shm_min_ranks: int = SHM_MIN_RANKS,
-    shm_round_bytes: int | None = None,
-    finish: Finish | None = None,
-) -> str:
-    """Run one algorithm on flat views (no validation; dst may be src); returns the one used after `auto`.
-
-    `chunk` is the ring's pipelining chunk in bytes (default: $HPCRING_RING_CHUNK_BYTES, read per call; the
-    engine reads it once and passes it). Native allreduces MPI can do exactly go straight to the transport:
-    this is the path of every small engine operation, where each avoided check is latency. `shm_min_ranks`:
-    the fewest ranks on one node for which `auto` takes shared memory (selection.choose_algorithm);
-    `shm_round_bytes`: the largest round through it (default: one slot, $HPCRING_SHM_SLOT_BYTES). `finish`
-    (AVERAGE's or a postscale's scaling, element-wise) is applied to the result: by shared memory to each
-    part by its owner inside the round (1/n of the buffer per rank), by the others to all of dst after."""
-    t = topo.transport()
-    algorithm = pick_allreduce(topo, src, op, algorithm, shm_min_ranks)
-    if algorithm == "shm":
-        if shared_memory_allreduce(topo, src, dst, op, shm_round_bytes, finish):
-            return algorithm
-        algorithm = "ring"
-    if algorithm == "native":
-        if not _exact(t, src.dtype, op) or not src.size:
-            native_allreduce(t, src, dst, op)  # widening, or nothing to do
-        elif dst is src:
-            t.allreduce(dst, op)
-        else:
-            t.allreduce(dst, op, sendbuf=src)
-    else:
-        chunk = chunk_bytes(DEFAULT_CHUNK_BYTES) if chunk is None else chunk
-        if algorithm == "ring":
-            ring_allreduce(t, src, dst, op, chunk)
-        else:
-            hierarchical_allreduce(topo.node_layout(), src, dst, op, chunk)
-    if finish is not None:
-        finish(dst)
-    return algorithm
-
-
-def pick_allreduce(
-    topo: Topology, src: NDArray, op: ReduceOp, algorithm: str, shm_min_ranks: int = SHM_MIN_RANKS
-) -> str:
-    """The algorithm `run_allreduce` runs for `algorithm` ("auto" resolved by the pure rule, from the layout
-    as every rank sees it: unequal nodes count as the largest)."""
-    if algorithm != "auto":
-        return algorithm
-    return choose_algorithm(
-        src.nbytes,
-        native_exact=_exact(topo.transport(), src.dtype, op),
-        local_size=max(topo.node_sizes),
-        cross_size=len(topo.node_sizes),
-        shm_min_ranks=shm_min_ranks,
-    )
-
-
-_shm_warned: set[str] = set()
-
-
-def shared_memory_allreduce(
-    topo: Topology,
-    src: NDArray,
-    dst: NDArray,
-    op: ReduceOp,
-    round_bytes: int | None = None,
-    finish: Finish | None = None,
-) -> bool:
-    """The `shm` algorithm on flat views (in rounds of at most `round_bytes`, when given, with `finish` on
-    each reduced part); False (after one warning per reason, with nothing done) where this group cannot
-    share memory, and the caller runs the ring instead. A ConfigError if the group spans several nodes."""
-    seg = topo.shared_segment()
-    if seg is None:
-        if topo.size == 1:
-            if dst is not src:
-                dst[...] = src
-            if finish is not None:
-                finish(dst)
-            return True
-        allowed = choices(a for a in selection.ALGORITHMS if a != "shm")
-        raise ConfigError(
-            f"allreduce algorithm 'shm' needs every rank on one node, but this group spans "
-            f"{len(topo.node_sizes)} nodes; allowed here: {allowed}"
-        )
-    if shm_allreduce(seg, src, dst, op, round_bytes, finish):
-        return True
-    why = seg.unavailable or "unknown"
-    if why not in _shm_warned:
-        _shm_warned.add(why)
-        message = f"hpcring: shared-memory allreduce unavailable ({why}); using the ring"
-        warnings.warn(message, RuntimeWarning, 2)
-    return False
-
-
-# Transport.can_reduce answers by transport kind, dtype and op; asked on every allreduce, so remembered.
-_EXACT: dict[tuple[type, np.dtype[Any], int], bool] = {}
-
-
-def _exact(t: Any, dtype: np.dtype[Any], op: ReduceOp) -> bool:
-    """Cached `t.can_reduce(dtype, op)` (keyed by the op's identity: hashing an Enum member runs Python)."""
-    key = (type(t), dtype, id(op))
-    exact = _EXACT.get(key)
-    if exact is None:
-        exact = _EXACT[key] = bool(t.can_reduce(dtype, op))
-    return exact
 
 
 def allreduce(
@@ -229,7 +114,7 @@ def allreduce(
         finish = functools.partial(dtypes.average, n=topo.size, postscale=post)
     elif post != 1.0:
         finish = functools.partial(dtypes.scale, factor=post)
-    run_allreduce(topo, src, dst, rop, alg, finish=finish)
+    kernels.allreduce(topo, src, dst, rop, alg, finish=finish)
     if out is x:
         buf.writeback()
         return x
@@ -251,14 +136,9 @@ def allgather(x: Any, *, topology: Topology | None = None, validate: bool = True
         rows, trailing = _rows_and_trailing(buf, what)
         return {"dtype": name, "trailing dimensions": trailing, "_rows": rows}, (buf, rows, trailing)
 
-    (buf, rows, trailing), sigs = prepare(t, what, validate, check)
-    all_rows = (
-        [int(s["_rows"]) for s in sigs] if sigs is not None else [int(r) for r in t.allgather_object(rows)]
-    )
-    row_elems = math.prod(trailing)
-    result = np.empty((sum(all_rows), *trailing), dtype=buf.array.dtype)
-    t.allgatherv(_flat(result), [r * row_elems for r in all_rows], sendbuf=_flat(buf.array))
-    return buf.wrap(result)
+    (buf, _rows, _trailing), sigs = prepare(t, what, validate, check)
+    known = [int(s["_rows"]) for s in sigs] if sigs is not None else None
+    return buf.wrap(kernels.allgather(topo, buf.array, known))
 
 
 def broadcast(x: Any, root: int = 0, *, topology: Topology | None = None, validate: bool = True) -> Any:
@@ -277,38 +157,9 @@ def broadcast(x: Any, root: int = 0, *, topology: Topology | None = None, valida
         return {"dtype": name, "shape": buf.array.shape, "root": int(root)}, buf
 
     buf, _ = prepare(t, what, validate, check)
-    if buf.array.size:
-        t.bcast(_flat(buf.array), int(root))
+    kernels.broadcast(topo, buf.array, int(root))
     buf.writeback()
     return x
-
-
-def _parse_splits(splits: Any, rows: int, size: int, what: str) -> list[int]:
-    """Validate alltoall splits: one non-negative count per rank summing to dim 0 (None: equal parts)."""
-    if splits is None:
-        if rows % size:
-            raise ConfigError(
-                f"{what}: dimension 0 ({rows}) is not divisible by the {size} ranks; pass splits "
-                "(one row count per rank, summing to dimension 0)"
-            )
-        return [rows // size] * size
-    if is_tensor(splits):
-        splits = splits.tolist()
-    values = np.asarray(splits).reshape(-1).tolist() if isinstance(splits, np.ndarray) else splits
-    if not isinstance(values, Sequence) or not all(
-        isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in values
-    ):
-        raise ConfigError(f"{what}: splits must be a sequence of integers (one per rank), got {splits!r}")
-    counts = [int(v) for v in values]
-    if len(counts) != size:
-        raise ConfigError(f"{what}: splits has {len(counts)} entries; allowed: exactly one per rank ({size})")
-    if any(c < 0 for c in counts):
-        raise ConfigError(f"{what}: splits {counts} has negative entries; allowed: counts >= 0")
-    if sum(counts) != rows:
-        raise ConfigError(
-            f"{what}: splits {counts} sum to {sum(counts)}; they must sum to dimension 0 ({rows})"
-        )
-    return counts
 
 
 def alltoall(
@@ -326,21 +177,11 @@ def alltoall(
         buf = as_buffer(x, what)
         name = dtypes.check_dtype(buf.array.dtype, what)
         rows, trailing = _rows_and_trailing(buf, what)
-        counts = _parse_splits(splits, rows, t.size, what)
+        counts = kernels.parse_splits(splits, rows, t.size, what)
         return {"dtype": name, "trailing dimensions": trailing}, (buf, counts, trailing)
 
-    (buf, counts, trailing), _ = prepare(t, what, validate, check)
-    ones = [1] * t.size
-    received = np.empty(t.size, dtype=np.int64)
-    t.alltoallv(np.asarray(counts, dtype=np.int64), ones, received, ones)
-    row_elems = math.prod(trailing)
-    result = np.empty((int(received.sum()), *trailing), dtype=buf.array.dtype)
-    t.alltoallv(
-        _flat(buf.array),
-        [c * row_elems for c in counts],
-        _flat(result),
-        [int(c) * row_elems for c in received],
-    )
+    (buf, counts, _trailing), _ = prepare(t, what, validate, check)
+    result, received = kernels.alltoall(topo, buf.array, counts)
     return buf.wrap(result), to_kind(received.astype(np.int32), torch_like=buf.is_torch)
 
 
@@ -367,18 +208,8 @@ def reducescatter(
         rows, trailing = _rows_and_trailing(buf, what)
         return {"dtype": name, "shape": buf.array.shape, "op": rop.name}, (buf, rop, rows, trailing)
 
-    (buf, rop, rows, trailing), _ = prepare(t, what, validate, check)
-    row_elems = math.prod(trailing)
-    counts = [r * row_elems for r in part_sizes(rows, t.size)]
-    result = np.empty((part_sizes(rows, t.size)[t.rank], *trailing), dtype=buf.array.dtype)
-    src, dst = _flat(buf.array), _flat(result)
-    if t.can_reduce(src.dtype, rop) and src.nbytes < selection.NATIVE_REDUCE_SCATTER_MAX_BYTES:
-        t.reduce_scatter(src, dst, counts, rop)
-    else:
-        ring_reduce_scatter(t, src, dst, offsets(counts), rop, chunk_bytes(DEFAULT_CHUNK_BYTES))
-    if rop is ReduceOp.AVERAGE:
-        dtypes.average(dst, t.size)
-    return buf.wrap(result)
+    (buf, rop, _rows, _trailing), _ = prepare(t, what, validate, check)
+    return buf.wrap(kernels.reducescatter(topo, buf.array, rop))
 
 
 def barrier(*, topology: Topology | None = None) -> None:

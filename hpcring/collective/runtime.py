@@ -8,8 +8,6 @@ mpirun instead of `hpcring run`, so user code and torch.distributed see the same
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import os
 import socket
 import threading
@@ -19,6 +17,7 @@ from typing import Any
 from hpcring._deps import mpi
 from hpcring.collective.algorithms.workspace import release
 from hpcring.collective.topology import Topology
+from hpcring.contracts.rank_env import rank_environment
 from hpcring.errors import ConfigError, NotInitializedError
 
 _lock = threading.RLock()
@@ -52,12 +51,9 @@ def _from_ranks(ranks: Sequence[int]) -> Topology:
 
 
 def _export_rank_environment(topo: Topology) -> None:
-    """setdefault the launcher's rank environment (hpcring.launch.env) so srun/jsrun/mpirun jobs match."""
-    if importlib.util.find_spec("hpcring.launch.env") is None:
-        return
-    env_mod: Any = importlib.import_module("hpcring.launch.env")
+    """setdefault the rank environment (`contracts.rank_env`) so srun/jsrun/mpirun jobs match."""
     master = topo.comm.bcast(os.environ.get("MASTER_ADDR") or socket.gethostname(), root=0)
-    values: dict[str, str] = env_mod.rank_environment(
+    values = rank_environment(
         rank=topo.rank,
         size=topo.size,
         local_rank=topo.local_rank,

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from hpcring.launch import protocol
-from hpcring.launch.env import mpi_rank_size
+from hpcring.launch.detection import mpi_rank_size
 
 CONNECT_TIMEOUT_S = 60.0
 TERM_GRACE_S = 3.0  # SIGTERM -> SIGKILL; the launcher's 10 s promise includes this
@@ -175,7 +175,7 @@ class Wrapper:
 
 def _write_notice(message: dict[str, Any]) -> None:
     """The elastic driver announced a host change: put it where this node's ranks look for it."""
-    from hpcring.launch.elastic.contract import write_notice
+    from hpcring.contracts.elastic import write_notice
 
     with contextlib.suppress(OSError, KeyError, TypeError):
         write_notice(str(message["path"]), message["notice"])

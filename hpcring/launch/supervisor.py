@@ -22,11 +22,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
+from hpcring.contracts.elastic import RESET_EXIT_CODE
+from hpcring.contracts.rank_env import RANK_VARIABLES, rank_environment
 from hpcring.errors import LaunchError
 from hpcring.launch import protocol
 from hpcring.launch.command import LaunchSpec, build
-from hpcring.launch.elastic.contract import RESET_EXIT_CODE
-from hpcring.launch.env import RANK_VARIABLES, rank_environment
 from hpcring.launch.flavour import MpiInstall
 from hpcring.launch.layout import emulated_nodes, node_of_hosts, places
 

@@ -23,54 +23,20 @@ import math
 import os
 import tempfile
 import uuid
-import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
+from hpcring.contracts import elastic as contract
 from hpcring.errors import ConfigError, LaunchError
-from hpcring.launch.elastic import contract
 from hpcring.ray import placement
 from hpcring.ray._ray import ray_module
 from hpcring.ray.actor import WorkerFailed, remote_class
 from hpcring.ray.executor import call_with
-from hpcring.ray.settings import MiniSettings
+from hpcring.ray.settings import ElasticSettings, create_elastic_settings
 from hpcring.ray.world import CallFailed, WorkerGroup, wait_until
 
 # How long a new actor may take to be scheduled before the slot counts as not available.
 _ACTOR_START_S = 30.0
-
-
-@dataclass
-class ElasticSettings(MiniSettings):
-    """Horovod's ElasticSettings fields that the Ray executor reads."""
-
-    min_num_proc: int = 1
-    max_num_proc: int | None = None
-    reset_limit: int | None = None
-    elastic_timeout: float = 600
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if not isinstance(self.min_num_proc, int) or self.min_num_proc < 1:
-            raise ConfigError(f"min_num_proc must be a positive integer, got {self.min_num_proc!r}")
-        if self.max_num_proc is not None and (
-            not isinstance(self.max_num_proc, int) or self.max_num_proc < self.min_num_proc
-        ):
-            raise ConfigError(
-                f"max_num_proc must be an integer >= min_num_proc ({self.min_num_proc}), "
-                f"got {self.max_num_proc!r}"
-            )
-        if self.reset_limit is not None and (not isinstance(self.reset_limit, int) or self.reset_limit < 0):
-            raise ConfigError(f"reset_limit must be an integer >= 0 or None, got {self.reset_limit!r}")
-        if self.elastic_timeout <= 0:
-            raise ConfigError(
-                f"elastic_timeout must be a positive number of seconds, got {self.elastic_timeout!r}"
-            )
-
-    @property
-    def num_proc(self) -> int:
-        return self.min_num_proc
 
 
 def _reset_cause(failure: CallFailed) -> str | None:
@@ -87,37 +53,7 @@ def _reset_cause(failure: CallFailed) -> str | None:
 class ElasticRayExecutor:
     """Runs an elastic training function on Ray actors, re-forming the world when workers are lost."""
 
-    @staticmethod
-    def create_settings(
-        min_num_proc: int = 1,
-        max_num_proc: int | None = None,
-        reset_limit: int | None = None,
-        elastic_timeout: float = 600,
-        timeout_s: float = 30,
-        ssh_identity_file: str | None = None,
-        nics: set[str] | None = None,
-        min_np: int | None = None,
-        max_np: int | None = None,
-        **kwargs: Any,
-    ) -> ElasticSettings:
-        """Horovod's `ElasticRayExecutor.create_settings` (min_np/max_np are its deprecated spellings)."""
-        if min_np is not None:
-            warnings.warn("min_np is deprecated, use min_num_proc instead", DeprecationWarning, stacklevel=2)
-            min_num_proc = min_np
-        if max_np is not None:
-            warnings.warn("max_np is deprecated, use max_num_proc instead", DeprecationWarning, stacklevel=2)
-            max_num_proc = max_np
-        return ElasticSettings(
-            timeout_s=timeout_s,
-            ssh_identity_file=ssh_identity_file,
-            nics=nics,
-            min_num_proc=min_num_proc,
-            max_num_proc=max_num_proc,
-            reset_limit=reset_limit,
-            elastic_timeout=elastic_timeout,
-            verbose=int(kwargs.pop("verbose", 0) or 0),
-            extra=kwargs,
-        )
+    create_settings = staticmethod(create_elastic_settings)
 
     def __init__(
         self,

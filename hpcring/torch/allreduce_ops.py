@@ -7,7 +7,8 @@ from typing import Any
 
 from hpcring import _deps
 from hpcring.collective import dtypes
-from hpcring.collective.engine import OpType, ProcessSet, global_process_set
+from hpcring.engine import OpType, ProcessSet, Request, global_process_set
+from hpcring.torch import basics
 from hpcring.torch.compression import Compression
 from hpcring.torch.graph import run_op
 from hpcring.torch.op_handles import (
@@ -22,13 +23,17 @@ from hpcring.torch.op_handles import (
     wait_now,
 )
 from hpcring.torch.tensors import (
+    PLAIN_DTYPES,
+    TENSOR,
     _check_dtype,
     _check_scale,
+    _queue,
     _shares,
     _submit,
     _view,
     fresh_output,
-    host_allreduce,
+    host_array,
+    new_signature,
 )
 
 _deps.torch()  # a missing torch becomes BackendUnavailable naming the install command
@@ -46,25 +51,46 @@ def _allreduce_async(
     postscale_factor: float,
     process_set: ProcessSet,
 ) -> int:
-    op_name = _OP_NAMES.get(id(op))
-    if op_name is not None:
-        fast = host_allreduce(tensor, output, name, op_name, prescale_factor, postscale_factor, process_set)
-        if fast is not None:
-            return _register(_Pending([fast], lambda _: output))
+    """Submit one allreduce of `tensor` into `output` (`tensor` itself, or a fresh tensor like it).
+
+    One path for every input. Each check answers the common case (a training loop's gradients and metrics:
+    a dense contiguous CPU tensor of a plain dtype, float factors, a registered set) with its first test and
+    takes its general branch, which also words the error, for anything else; a request whose memory the
+    engine can use as it is goes straight to the queue, anything else through `_view` (device routes,
+    staging, contiguous copies), which is where a copy back is needed."""
     what = "allreduce"
-    dtype = _check_dtype(tensor, what)
-    op_name = _op_name(op, what)
-    dtypes.check_op(dtype, op, what)  # `op` is a ReduceOp: _op_name refused anything else
-    pre = _check_scale(prescale_factor, what, "prescale_factor")
-    post = _check_scale(postscale_factor, what, "postscale_factor")
+    op_name = _OP_NAMES.get(id(op))
+    if op_name is None:
+        op_name = _op_name(op, what)  # refuses anything but the five reduce ops
+    pre = prescale_factor
+    if type(pre) is not float:
+        pre = _check_scale(pre, what, "prescale_factor")
+    post = postscale_factor
+    if type(post) is not float:
+        post = _check_scale(post, what, "postscale_factor")
+    dtype = PLAIN_DTYPES.get(tensor.dtype) if type(tensor) is TENSOR else None
+    if dtype is None:
+        dtype = _check_dtype(tensor, what)
+        dtypes.check_op(dtype, op, what)
+    set_id = process_set.process_set_id if type(process_set) is ProcessSet else None
+    if set_id is None:
+        set_id = basics._set_id(process_set)
+    data = host_array(tensor)
+    out = None
+    if data is not None:
+        out = data if output is tensor else host_array(output)
+    if out is not None:  # the caller's own memory, viewed as it is: nothing to copy back
+        full = _name("allreduce", name, process_set)
+        sig = new_signature((full, _ALLREDUCE, dtype, tuple(tensor.shape), op_name, -1, pre, post, "cpu", ()))
+        return _register(_Pending([_queue(Request(sig, set_id, data, out))], lambda _: output))
     src = _view(tensor)
-    out = src if output is tensor else _view(output)
+    dst = src if output is tensor else _view(output)
     h = _submit(
         OpType.ALLREDUCE,
         _name("allreduce", name, process_set),
         tensor,
         process_set,
-        output=out,
+        output=dst,
         src=src,
         reduce_op=op_name,
         prescale=pre,
@@ -72,11 +98,14 @@ def _allreduce_async(
     )
 
     def finish(_: list[Any]) -> Any:
-        if not _shares(out, output):  # staged (GPU or non-contiguous): copy the result back
-            output.copy_(out.tensor)
+        if not _shares(dst, output):  # staged (a device, a copy): the result goes back into the output
+            output.copy_(dst.tensor)
         return output
 
-    return _register(_Pending([h], finish, [tensor, src, out]))
+    return _register(_Pending([h], finish, [tensor, src, dst]))
+
+
+_ALLREDUCE = OpType.ALLREDUCE
 
 
 def allreduce_async(

@@ -17,8 +17,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from hpcring.collective.autotune import AutotuneOptions, Autotuner, Setting, autotune_options
+from hpcring.engine.tuning_search import AutotuneOptions, Autotuner, Setting, autotune_options
 from hpcring.errors import ConfigError
+from hpcring.torch import basics
+from hpcring.torch.functions import allgather_object
 
 log = logging.getLogger("hpcring.autotune")
 
@@ -83,8 +85,6 @@ _current: tuple[Any, StepAutotune | None] | None = None
 def on_step(process_set: Any) -> None:
     """DistributedOptimizer.step's hook: one step of the search (nothing once it is over or when off)."""
     global _current
-    from hpcring.torch import basics
-
     engine = basics.engine()
     if _current is None or _current[0] is not engine:
         _current = (engine, _start(engine, process_set))
@@ -98,18 +98,15 @@ def _start(engine: Any, process_set: Any) -> StepAutotune | None:
     options = autotune_options()
     if not options.enabled:
         return None
-    from hpcring.torch import functions
-    from hpcring.torch.basics import rank, size
-
-    if process_set is not None and process_set.ranks != list(range(size())):
+    if process_set is not None and process_set.ranks != list(range(basics.size())):
         log.warning(
             "HOROVOD_AUTOTUNE tunes optimizers over every rank only; this one is over %s", process_set
         )
         return None
-    every = functions.allgather_object(options)
+    every = allgather_object(options)
     if any(o != options for o in every):
         raise ConfigError(
             "HOROVOD_AUTOTUNE and its HOROVOD_AUTOTUNE_* settings must be the same on every rank; got "
             + "; ".join(f"rank {r}: {o}" for r, o in enumerate(every))
         )
-    return StepAutotune(engine, rank(), options)
+    return StepAutotune(engine, basics.rank(), options)

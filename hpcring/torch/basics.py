@@ -12,9 +12,9 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from hpcring import _deps, heap
-from hpcring.collective.engine import Engine, OpType, ProcessSet, Request, Signature, global_process_set
+from hpcring import _deps, malloc_policy
 from hpcring.config import engine_settings
+from hpcring.engine import Engine, OpType, ProcessSet, Request, Signature, global_process_set
 from hpcring.errors import ConfigError, NotInitializedError
 from hpcring.horovod_env import report_ignored
 
@@ -106,7 +106,7 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet | Sequence[int]] | 
         if _engine is not None:  # stopped by a peer or a stall: start afresh
             _shutdown_locked()
         settings = engine_settings()
-        heap.tune()  # before the first step allocates: see hpcring/heap.py
+        malloc_policy.tune()  # before the first step allocates: see hpcring/malloc_policy.py
         sets = [] if process_sets is None or isinstance(process_sets, str) else list(process_sets)
         if isinstance(process_sets, str) and process_sets != "dynamic":
             raise ConfigError(

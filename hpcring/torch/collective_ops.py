@@ -11,7 +11,7 @@ import numpy as np
 
 from hpcring import _deps
 from hpcring.collective import dtypes
-from hpcring.collective.engine import OpType, ProcessSet, global_process_set
+from hpcring.engine import OpType, ProcessSet, global_process_set
 from hpcring.torch import basics
 from hpcring.torch.allreduce_ops import allreduce
 from hpcring.torch.compression import Compression
@@ -53,7 +53,7 @@ def allgather_async(
     _check_dtype(tensor, what)
     if tensor.dim() == 0:
         raise ValueError(f"{what}: the tensor needs at least one dimension (got a scalar)")
-    src = _view(tensor)
+    src = _view(tensor, OpType.ALLGATHER)
     h = _submit(OpType.ALLGATHER, _name("allgather", name, process_set), tensor, process_set, src=src)
     return _register(_Pending([h], lambda r: _tensor_of(r[0], tensor), [tensor, src]))
 
@@ -137,7 +137,7 @@ def _broadcast_async(
     what = "broadcast"
     _check_dtype(tensor, what)
     root = _root_index(root_rank, process_set, what)
-    out = _view(output)
+    out = _view(output, OpType.BROADCAST)
     if output is not tensor:
         out.tensor.copy_(tensor.detach())
     h = _submit(
@@ -247,7 +247,7 @@ def alltoall_async(
         raise ValueError(f"{what}: the tensor needs at least one dimension (got a scalar)")
     n = basics.size() if process_set is None or not process_set.process_set_id else (process_set.size() or 0)
     split_arr = _splits(splits, int(tensor.shape[0]), n, what)
-    src = _view(tensor)
+    src = _view(tensor, OpType.ALLTOALL)
     h = _submit(
         OpType.ALLTOALL, _name("alltoall", name, process_set), tensor, process_set, src=src, splits=split_arr
     )
@@ -305,7 +305,7 @@ def _reducescatter_async(
     if tensor.dim() == 0:
         raise ValueError(f"{what}: the tensor needs at least one dimension (got a scalar)")
     dtypes.check_op(dtype, op, what)
-    src = _view(tensor)
+    src = _view(tensor, OpType.REDUCESCATTER)
     h = _submit(
         OpType.REDUCESCATTER,
         _name(prefix, name, process_set),
@@ -425,7 +425,7 @@ def grouped_reducescatter(
 
 
 def sparse_allreduce_async(
-    tensor: Any, name: str, op: Any, process_set: ProcessSet = global_process_set
+    tensor: Any, name: str | None, op: Any, process_set: ProcessSet = global_process_set
 ) -> Any:
     """Allreduce of a sparse COO tensor by allgathering its indices and values (Horovod's method).
 

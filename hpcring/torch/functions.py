@@ -17,18 +17,13 @@ import io
 import pickle
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from types import ModuleType
 from typing import Any
 
 from hpcring import _deps
-from hpcring.collective.engine import ProcessSet, global_process_set
-
-
-def _hvd() -> ModuleType:
-    """The `hpcring.torch` op surface, imported at call time (it imports this module)."""
-    import hpcring.torch as hvd
-
-    return hvd
+from hpcring.engine import ProcessSet, global_process_set
+from hpcring.torch import basics
+from hpcring.torch.collective_ops import allgather, broadcast_, broadcast_async_
+from hpcring.torch.op_handles import synchronize
 
 
 def _set_kw(process_set: Any) -> dict[str, Any]:
@@ -73,13 +68,12 @@ def _named_tensors(params: Any) -> list[tuple[str | None, Any]]:
 
 def broadcast_parameters(params: Any, root_rank: int, process_set: Any = None) -> None:
     """Overwrite `params` in place with root_rank's values (all broadcasts in flight at once, then waited)."""
-    hvd = _hvd()
     handles = [
-        hvd.broadcast_async_(tensor.detach(), root_rank, name=name, **_set_kw(process_set))
+        broadcast_async_(tensor.detach(), root_rank, name=name, **_set_kw(process_set))
         for name, tensor in _named_tensors(params)
     ]
     for handle in handles:
-        hvd.synchronize(handle)
+        synchronize(handle)
 
 
 def broadcast_object(
@@ -90,27 +84,27 @@ def broadcast_object(
     The default name does not depend on `obj`'s type (Horovod's does), so passing `None` on non-root ranks,
     the usual idiom, cannot make the ranks disagree on the collective's name.
     """
-    hvd, torch = _hvd(), _deps.torch()
+    torch = _deps.torch()
     name = name or "broadcast_object"
-    is_root = hvd.rank() == root_rank
+    is_root = basics.rank() == root_rank
     payload = _to_bytes_tensor(obj) if is_root else None
     size = torch.tensor([payload.numel() if payload is not None else 0], dtype=torch.int64)
-    hvd.broadcast_(size, root_rank, name=f"{name}.sz", **_set_kw(process_set))
+    broadcast_(size, root_rank, name=f"{name}.sz", **_set_kw(process_set))
     if payload is None:
         payload = torch.empty(int(size.item()), dtype=torch.uint8)
-    hvd.broadcast_(payload, root_rank, name=f"{name}.t", **_set_kw(process_set))
+    broadcast_(payload, root_rank, name=f"{name}.t", **_set_kw(process_set))
     return obj if is_root else _from_bytes_tensor(payload)
 
 
 def allgather_object(obj: Any, name: str | None = None, process_set: Any = None) -> list[Any]:
     """Return the list of every rank's `obj`, in rank order (each pickled, sizes gathered first)."""
-    hvd, torch = _hvd(), _deps.torch()
+    torch = _deps.torch()
     name = name or "allgather_object"
     payload = _to_bytes_tensor(obj)
-    sizes = hvd.allgather(
+    sizes = allgather(
         torch.tensor([payload.numel()], dtype=torch.int64), name=f"{name}.sz", **_set_kw(process_set)
     )
-    gathered = hvd.allgather(payload, name=f"{name}.t", **_set_kw(process_set))
+    gathered = allgather(payload, name=f"{name}.t", **_set_kw(process_set))
     out, start = [], 0
     for n in sizes.tolist():
         out.append(_from_bytes_tensor(gathered[start : start + n]))
@@ -187,8 +181,7 @@ def broadcast_optimizer_state(
     """
     if not optimizer.state_dict()["state"]:
         _zero_missing_grads(optimizer, model)
-    hvd = _hvd()
-    is_root = hvd.rank() == root_rank
+    is_root = basics.rank() == root_rank
     tensors: list[Any] = []
     skeleton = _strip(optimizer.state_dict(), tensors) if is_root else None
     skeleton = broadcast_object(
@@ -201,11 +194,11 @@ def broadcast_optimizer_state(
         gpu = _state_gpu(optimizer) if any(r.cuda for r in ordered) else None
         tensors = [_allocate(ref, gpu) for ref in ordered]
     handles = [
-        hvd.broadcast_async_(t, root_rank, name=f"broadcast_optimizer_state.{i}", **_set_kw(process_set))
+        broadcast_async_(t, root_rank, name=f"broadcast_optimizer_state.{i}", **_set_kw(process_set))
         for i, t in enumerate(tensors)
     ]
     for handle in handles:
-        hvd.synchronize(handle)
+        synchronize(handle)
     if not is_root:
         optimizer.load_state_dict(_fill(skeleton, tensors))
 

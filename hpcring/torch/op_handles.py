@@ -10,8 +10,8 @@ from collections.abc import Callable
 from typing import Any
 
 from hpcring import _deps
-from hpcring.collective.engine import Handle, ProcessSet
 from hpcring.collective.ops import ReduceOp
+from hpcring.engine import Handle, ProcessSet
 from hpcring.errors import CollectiveError, ConfigError
 from hpcring.torch import basics
 
@@ -119,7 +119,7 @@ def poll(handle: int) -> bool:
     pending = _handle_map.get(handle)
     if pending is None:
         raise ValueError(f"unknown handle {handle!r} (already synchronized?)")
-    return all(h.done() for h in pending.handles)
+    return all(h.done() and (h.event is None or h.event.query()) for h in pending.handles)
 
 
 def wait_now(start: Callable[[], Any]) -> Any:
@@ -145,7 +145,27 @@ def synchronize(handle: Any) -> Any:
     pending = _handle_map.pop(handle, None)
     if pending is None:
         return None
-    return pending.finish([h.wait() for h in pending.handles])
+    results = [h.wait() for h in pending.handles]
+    _after_device(pending.handles)
+    return pending.finish(results)
+
+
+def _after_device(handles: list[Handle]) -> None:
+    """Device ops: wait for the communication stream's completion events before the results are used. By
+    default on the CPU, so results are readable from any stream afterwards; under
+    HOROVOD_ENABLE_ASYNC_COMPLETION the caller's current stream waits instead (the CPU goes on queueing
+    work), and results are readable from that stream."""
+    events = {id(h.event): h.event for h in handles if h.event is not None}
+    if not events:
+        return
+    engine = basics._engine
+    asynchronous = engine is not None and engine.settings.async_completion
+    torch = _deps.torch()
+    for event in events.values():
+        if asynchronous:
+            torch.cuda.current_stream().wait_event(event)
+        else:
+            event.synchronize()
 
 
 class _Batch(threading.local):

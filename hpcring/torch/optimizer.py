@@ -22,15 +22,19 @@ import os
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from types import ModuleType
 from typing import Any, cast
 
 from hpcring import _deps
-from hpcring.collective.engine import ProcessSet, global_process_set
+from hpcring.engine import ProcessSet, global_process_set
 from hpcring.errors import ConfigError
-from hpcring.torch import autotune
+from hpcring.torch import autotune, basics
 from hpcring.torch import buckets as bucketing
+from hpcring.torch.allreduce_ops import allreduce_async_, grouped_allreduce_async_
+from hpcring.torch.collective_ops import sparse_allreduce_async
 from hpcring.torch.compression import Compression, Compressor
+from hpcring.torch.functions import broadcast_object
+from hpcring.torch.op_handles import Adasum, Average, Sum
+from hpcring.torch.op_handles import synchronize as wait_for
 
 _Key = Any  # a parameter tensor, or a tuple of them for a group
 
@@ -40,13 +44,6 @@ _TOO_MANY_PASSES = (
     "Gradients were computed more than backward_passes_per_step times before call to step(). "
     "Increase backward_passes_per_step to accumulate gradients locally."
 )
-
-
-def _hvd() -> ModuleType:
-    """The `hpcring.torch` op surface, imported at call time (it imports this module)."""
-    import hpcring.torch as hvd
-
-    return hvd
 
 
 def _split_list(items: Sequence[Any], parts: int) -> list[list[Any]]:
@@ -128,8 +125,6 @@ class _DistributedOptimizer:
         self._generation = 0
         self._hooked_ids: set[int] = set()
         if bucket_cap_mb is None:
-            from hpcring.torch import basics
-
             bucket_cap_mb = basics.engine().settings.bucket_cap_mb if self._reduces() else 0.0
         if bucket_cap_mb < 0:
             raise ValueError(f"bucket_cap_mb must be >= 0 (0: one request per gradient), got {bucket_cap_mb}")
@@ -141,7 +136,7 @@ class _DistributedOptimizer:
     def _reduces(self) -> bool:
         """Whether this rank takes part in reductions: as Horovod, not at one rank (unless elastic), and not
         when it is outside the optimizer's process set (step() then applies the local gradient)."""
-        _hvd().size()  # not initialized: Horovod's error, here rather than a silent local optimizer
+        basics.size()  # not initialized: Horovod's error, here rather than a silent local optimizer
         elastic = os.environ.get("HPCRING_ELASTIC", os.environ.get("HOROVOD_ELASTIC")) == "1"
         ps = self.process_set
         return bool(ps.included()) and ((ps.size() or 0) > 1 or elastic)
@@ -214,8 +209,6 @@ class _DistributedOptimizer:
 
     def _form_groups(self) -> None:
         """Build the fusion groups in rank 0's parameter order, so every rank forms identical groups."""
-        from hpcring.torch.functions import broadcast_object
-
         names = [self._parameter_names[p] for p in self._requires_update]
         root = self.process_set.ranks[0] if self.process_set.ranks else 0
         order = broadcast_object(
@@ -248,7 +241,7 @@ class _DistributedOptimizer:
 
     def _scale_factors(self) -> tuple[float, float]:
         """Average splits its division between before and after the sum (gradient_predivide_factor)."""
-        if self.op == _hvd().Average:
+        if self.op == Average:
             return 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
         return 1.0, 1.0
 
@@ -262,16 +255,15 @@ class _DistributedOptimizer:
         return p.grad
 
     def _allreduce_grad_async(self, p: Any) -> tuple[Any, Any]:
-        hvd = _hvd()
         name = self._parameter_names.get(p)
         tensor = self._ensure_grad(p)
         if tensor.is_sparse:
             if not self.sparse_as_dense:
-                return hvd.sparse_allreduce_async(tensor, name=name, op=self.op, **self._set_kw()), None
+                return sparse_allreduce_async(tensor, name=name, op=self.op, **self._set_kw()), None
             tensor = tensor.to_dense()
         compressed, ctx = self._compression.compress(tensor)
         pre, post = self._scale_factors()
-        handle = hvd.allreduce_async_(
+        handle = allreduce_async_(
             compressed, name=name, op=self.op, prescale_factor=pre, postscale_factor=post, **self._set_kw()
         )
         return handle, ctx
@@ -281,7 +273,7 @@ class _DistributedOptimizer:
         grads = [g.to_dense() if g.is_sparse else g for g in grads]
         compressed, ctxs = zip(*[self._compression.compress(g) for g in grads], strict=True)
         pre, post = self._scale_factors()
-        handle = _hvd().grouped_allreduce_async_(
+        handle = grouped_allreduce_async_(
             list(compressed),
             name=self._parameter_names.get(group[0]),
             op=self.op,
@@ -340,7 +332,7 @@ class _DistributedOptimizer:
             return
         wire, bucket.ctx = self._compression.compress(flat)
         pre, post = self._scale_factors()
-        bucket.handle = _hvd().allreduce_async_(
+        bucket.handle = allreduce_async_(
             wire, name=bucket.name, op=self.op, prescale_factor=pre, postscale_factor=post, **self._set_kw()
         )
 
@@ -348,12 +340,11 @@ class _DistributedOptimizer:
         """A cast bucket is summed in its 16-bit dtype and Average's division is applied after the cast
         back, in the gradients' own dtype: one multiplication by torch instead of the engine's 16-bit
         scaling through float32 numpy copies, and one rounding less."""
-        hvd = _hvd()
         pre, post = self._scale_factors()
-        factor = post / (self.process_set.size() or 1) if self.op == hvd.Average else post
+        factor = post / (self.process_set.size() or 1) if self.op == Average else post
         bucket.ctx = (_CAST, factor)
-        bucket.handle = hvd.allreduce_async_(
-            wire, name=bucket.name, op=hvd.Sum, prescale_factor=pre, **self._set_kw()
+        bucket.handle = allreduce_async_(
+            wire, name=bucket.name, op=Sum, prescale_factor=pre, **self._set_kw()
         )
 
     def _tensor_hook(self, p: Any) -> None:
@@ -411,13 +402,12 @@ class _DistributedOptimizer:
         if not self._reducing:  # one rank (as Horovod: no hooks, nothing to reduce) or outside the set
             self._synchronized = True
             return
-        hvd = _hvd()
         if self._check_due:  # no hook ran this step
             self._check_due = False
             self._check_layout()
         self._launch_missing()
         for bucket in self._buckets or ():
-            output = hvd.synchronize(bucket.handle)
+            output = wait_for(bucket.handle)
             if type(bucket.ctx) is tuple and bucket.ctx[0] is _CAST:  # back into the gradients' dtype
                 bucket.flat.copy_(output)
                 if bucket.ctx[1] != 1.0:
@@ -427,11 +417,11 @@ class _DistributedOptimizer:
             bucket.reset()
         for key, (handle, ctx) in self._handles.items():
             if isinstance(key, tuple):
-                for p, output, pctx in zip(key, hvd.synchronize(handle), ctx, strict=True):
+                for p, output, pctx in zip(key, wait_for(handle), ctx, strict=True):
                     self._allreduce_delay[id(p)] = self.backward_passes_per_step
                     _write_grad(p, self._compression.decompress(output, pctx))
             else:
-                output = handle() if callable(handle) else hvd.synchronize(handle)
+                output = handle() if callable(handle) else wait_for(handle)
                 self._allreduce_delay[id(key)] = self.backward_passes_per_step
                 _write_grad(key, self._compression.decompress(output, ctx) if ctx is not None else output)
         self._handles.clear()
@@ -448,8 +438,6 @@ class _DistributedOptimizer:
         """Lay the dense gradients out in buckets, in the readiness order of the root of the process set (a
         collective over the set: every rank builds at the end of the same step, and gets the same buckets
         whatever order it saw its own gradients in)."""
-        from hpcring.torch.functions import broadcast_object
-
         names = self._parameter_names
         dense = [p for p in self._requires_update if id(p) not in self._sparse]
         dense_ids = {id(p) for p in dense}
@@ -590,16 +578,15 @@ def DistributedOptimizer(
     `bucket_cap_mb` (hpcring's, not Horovod's; default `HPCRING_BUCKET_CAP_MB`, 25) caps the gradient
     buckets reduced as one request each; 0 reduces every gradient as its own request.
     """
-    hvd = _hvd()
-    op = hvd.Average if op is None else op
-    if op == hvd.Adasum:
+    op = Average if op is None else op
+    if op == Adasum:
         raise ConfigError(
             "op=Adasum is not supported by hpcring's DistributedOptimizer yet; "
             "use op=hvd.Average (the default) or op=hvd.Sum"
         )
     if backward_passes_per_step < 1:
         raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
-    if gradient_predivide_factor != 1.0 and op != hvd.Average:
+    if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("gradient_predivide_factor not supported with op != Average")
     if num_groups != 0:
         warnings.warn(

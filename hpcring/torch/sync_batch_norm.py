@@ -22,17 +22,14 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch.nn.modules.batchnorm import _BatchNorm  # noqa: E402
 
-
-def _hvd() -> Any:
-    import hpcring.torch as hvd
-
-    return hvd
+from hpcring.torch import basics  # noqa: E402
+from hpcring.torch.allreduce_ops import allreduce  # noqa: E402
+from hpcring.torch.op_handles import Sum  # noqa: E402
 
 
 def _allreduce_sum(tensor: torch.Tensor, process_set: Any) -> torch.Tensor:
-    hvd = _hvd()
     kw = {} if process_set is None else {"process_set": process_set}
-    return hvd.allreduce(tensor, op=hvd.Sum, **kw)  # type: ignore[no-any-return]
+    return allreduce(tensor, op=Sum, **kw)  # type: ignore[no-any-return]
 
 
 def _shape(x: torch.Tensor) -> tuple[list[int], list[int]]:
@@ -139,7 +136,7 @@ class SyncBatchNorm(_BatchNorm):  # type: ignore[misc]
         running_mean = self.running_mean if track or not self.training else None
         running_var = self.running_var if track or not self.training else None
         use_batch_stats = self.training or (self.running_mean is None and self.running_var is None)
-        if not use_batch_stats or _hvd().size() == 1:
+        if not use_batch_stats or basics.size() == 1:
             return F.batch_norm(
                 input,
                 running_mean,

@@ -12,11 +12,10 @@ import numpy as np
 from hpcring import _deps
 from hpcring.collective import dtypes
 from hpcring.collective.arrays import numpy_view, to_kind
-from hpcring.collective.engine import Handle, OpType, ProcessSet, Request, Signature
-from hpcring.collective.engine import device as device_plane
-from hpcring.collective.engine.request import signature_shape
+from hpcring.engine import Handle, OpType, ProcessSet, Request, Signature, device_routes
+from hpcring.engine.request import signature_shape
 from hpcring.torch import basics
-from hpcring.torch.op_handles import _name, _tls
+from hpcring.torch.op_handles import _tls
 
 _deps.torch()  # a missing torch becomes BackendUnavailable naming the install command
 import torch  # noqa: E402
@@ -27,8 +26,7 @@ import torch  # noqa: E402
 class _View:
     """A contiguous tensor and what the engine gets of it (slotted: one is built per tensor per call): a
     numpy view of its memory on the host route (`device` "cpu"), or the tensor itself on a device route
-    ("cuda", or "cpu+gloo" under HPCRING_CPU_DEVICE_PLANE=gloo), which is also the agreed signature's
-    device."""
+    (`device_routes.ROUTES`), which is also the agreed signature's device."""
 
     __slots__ = ("array", "device", "tensor")
 
@@ -57,91 +55,96 @@ def _check_dtype(t: Any, what: str) -> str:
     return name
 
 
-def _view(t: Any) -> _View:
-    """What the engine gets of `t`: a zero-copy numpy view of a contiguous CPU tensor, the contiguous tensor
-    itself on a device route, otherwise (a device without a data plane, or a dtype no device route carries)
-    a staged contiguous CPU copy."""
+def _view(t: Any, op: OpType = OpType.ALLREDUCE) -> _View:
+    """What the engine gets of `t` for collective `op`: a zero-copy numpy view of a contiguous CPU tensor
+    (the host route), the contiguous tensor itself on a device route (`device_routes.py`), otherwise (a
+    device type without a data plane) a staged contiguous CPU copy."""
     c = t.detach() if t.requires_grad else t
     if c.is_cpu:
         engine = basics._engine
-        if engine is None or engine.settings.cpu_device_plane != "gloo":  # the host path: no route lookups
+        plane = "off" if engine is None else engine.settings.cpu_device_plane
+        if plane == "off":  # the host route: no route lookups
             if not c.is_contiguous():
                 c = c.contiguous()
             return _View(c, numpy_view(c), "cpu")
-        route = device_plane.CPU_GLOO
+        route = device_routes.STAND_INS[plane]
     else:
-        route = _device_route(c.device.type)
-    if route in device_plane.ROUTES:
-        if c.dtype not in _HOST_ONLY:
-            return _View(c if c.is_contiguous() else c.contiguous(), None, route)
-        why = f"no device route carries {c.dtype} (NCCL has no such type)"
-        route = "cpu" if c.is_cpu else _staged(c.device.type, why, (c.device.type, c.dtype))
-    if not c.is_cpu:
-        c = c.cpu()  # staged: reduced on the host, but the signature still says which device it came from
+        route = _device_route(c.device.type, op)
+    if route in device_routes.ROUTES:
+        if c.dtype in _NO_GROUP and route in device_routes.MPI_ROUTE_OF:
+            route = device_routes.MPI_ROUTE_OF[route]  # int16: no process group carries it, MPI does
+        return _View(c if c.is_contiguous() else c.contiguous(), None, route)
+    c = c.cpu()  # staged: reduced on the host, but the signature still says which device it came from
     if not c.is_contiguous():
         c = c.contiguous()
     return _View(c, numpy_view(c), route)
 
 
-_HOST_ONLY = frozenset(getattr(torch, name) for name in device_plane.HOST_ONLY_DTYPES)
+_NO_GROUP = frozenset(getattr(torch, name) for name in device_routes.NO_GROUP_DTYPES)
 
-# device type -> "cuda" (the device plane) or "<type>+host" (staged through host memory, reduced on the host
+# (device type, op) -> "cuda", "cuda+mpi" or "<type>+host" (staged by the caller, reduced on the host
 # path; a distinct device name so that validation still refuses CPU tensors on one rank and GPU on another).
-_routes: dict[str, str] = {}
+_routes: dict[tuple[str, OpType], str] = {}
 
-_staging_warned: set[Any] = set()
-
-
-def _staged(device_type: str, why: str, key: Any) -> str:
-    """The route of `device_type` tensors staged through host memory, with one RuntimeWarning per `key`
-    saying why (pointing at the caller of `_view`)."""
-    if key not in _staging_warned:
-        _staging_warned.add(key)
-        warnings.warn(
-            f"hpcring: {device_type} tensors are staged through host memory and reduced over MPI, "
-            f"because {why}; correct, but not the GPU fast path",
-            RuntimeWarning,
-            4,
-        )
-    return f"{device_type}{device_plane.HOST_STAGED}"
+_warned: set[Any] = set()
 
 
-def _device_route(device_type: str) -> str:
-    """How tensors of a non-CPU device type travel, decided once per process (with one warning if staged)."""
-    route = _routes.get(device_type)
+def _warn_once(key: Any, message: str) -> None:
+    """One RuntimeWarning per `key`, pointing at the caller of the public op."""
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(f"hpcring: {message}", RuntimeWarning, 5)
+
+
+def _device_route(device_type: str, op: OpType = OpType.ALLREDUCE) -> str:
+    """How `op`'s tensors of a non-CPU device type travel, decided once per process: CUDA tensors by NCCL or
+    over MPI (`HOROVOD_GPU_OPERATIONS`, `HOROVOD_GPU_<OP>`, or a torch without NCCL, with one warning);
+    other device types staged through host memory by the caller (one warning)."""
+    key = (device_type, op)
+    route = _routes.get(key)
     if route is None:
-        why = None
-        if device_type != "cuda":
-            why = f"hpcring has no device data plane for {device_type!r} tensors (only 'cuda')"
-        else:
-            import torch.distributed as dist
-
-            if not (dist.is_available() and dist.is_nccl_available()):
-                why = "this torch build has no NCCL (torch.distributed.is_nccl_available() is False)"
-        route = device_plane.CUDA if why is None else _staged(device_type, why, device_type)
-        _routes[device_type] = route
+        route = _routes[key] = _choose_route(device_type, op)
     return route
 
 
-def _hand_over(view: _View) -> None:
-    """Last thing before a CUDA tensor goes to the engine thread, which works on the device's default
-    stream: make that stream wait (on the GPU, an event; the CPU does not block) for the stream this thread
-    produced the tensor on, and remember the device for ranks that later contribute without a tensor."""
+def _choose_route(device_type: str, op: OpType) -> str:
+    if device_type != "cuda":
+        _warn_once(
+            device_type,
+            f"{device_type} tensors are staged through host memory and reduced over MPI, because hpcring "
+            f"has no device data plane for {device_type!r} tensors (only 'cuda'); correct, but not fast",
+        )
+        return f"{device_type}{device_routes.HOST_STAGED}"
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_nccl_available()):
+        _warn_once(
+            "no-nccl",
+            "CUDA tensors are staged through pinned host memory and reduced over MPI, because this torch "
+            "build has no NCCL (torch.distributed.is_nccl_available() is False)",
+        )
+        return device_routes.CUDA_MPI
+    carrier = basics.engine().settings.gpu_carrier(op.value)
+    return device_routes.CUDA if carrier == "nccl" else device_routes.CUDA_MPI
+
+
+def _ready(view: _View) -> Any:
+    """The event a CUDA tensor's batch waits for before it reads the tensor: recorded on the stream this
+    thread produced it on (the GPU waits; the CPU does not). Also remembers the device, for ranks that later
+    contribute without a tensor."""
     t = view.tensor
-    device_plane.note_device(t.device)
-    current = torch.cuda.current_stream(t.device)
-    default = torch.cuda.default_stream(t.device)
-    if current != default:
-        default.wait_stream(current)
+    device_routes.note_device(t.device)
+    event = torch.cuda.Event()
+    event.record(torch.cuda.current_stream(t.device))
+    return event
 
 
 def _for_caller(t: Any) -> Any:
-    """A result allocated by the engine on the default stream, now used on the caller's stream: tell the
+    """A result the engine allocated on a communication stream, now used on the caller's stream: tell the
     caching allocator, so the memory is not reused while the caller's stream may still read it."""
     if t.is_cuda:
         current = torch.cuda.current_stream(t.device)
-        if current != torch.cuda.default_stream(t.device):
-            t.record_stream(current)
+        t.record_stream(current)
     return t
 
 
@@ -174,16 +177,17 @@ def _submit(
     postscale: float = 1.0,
 ) -> Handle:
     set_id = basics._set_id(process_set)
-    src = _view(tensor) if src is None else src
+    src = _view(tensor, op_type) if src is None else src
     device = src.device
+    ready = None
     if src.array is not None:  # the host path: "cpu", or a device's tensor staged through host memory
         dtype, data = dtypes.name_of(src.array.dtype), src.array
         out = None if output is None else output.array
     else:  # a device route: the engine gets the tensors themselves
-        dtype, data = _dtype_names[src.tensor.dtype], src.tensor
+        dtype, data = _check_dtype(src.tensor, op_type.value), src.tensor
         out = None if output is None else output.tensor
-        if device == device_plane.CUDA:
-            _hand_over(src)
+        if data.is_cuda:
+            ready = _ready(src)
     sig = Signature(  # positional: keyword arguments cost a NamedTuple call twice as much
         name,
         op_type,
@@ -195,7 +199,7 @@ def _submit(
         float(postscale),
         device,
     )
-    return _queue(Request(sig, set_id, data, out, splits))
+    return _queue(Request(sig, set_id, data, out, splits, ready=ready))
 
 
 def _queue(req: Request) -> Handle:
@@ -208,63 +212,39 @@ def _queue(req: Request) -> Handle:
     return basics.engine().submit(req)
 
 
-# ---------------------------------------------------------------------- the host allreduce in one frame
+# ---------------------------------------------------------------------- the host route's common case
 
 # dtype -> name for the dtypes whose tensors numpy views directly and every reduce op accepts (bool has op
-# limits and bfloat16 needs ml_dtypes' view: both take the general path).
-_HOST_FAST_DTYPES: dict[Any, str] = {
+# limits and bfloat16 needs ml_dtypes' view: both take the general branches).
+PLAIN_DTYPES: dict[Any, str] = {
     getattr(torch, n): n for n in dtypes.SUPPORTED if n not in ("bool", "bfloat16") and hasattr(torch, n)
 }
-_ALLREDUCE = OpType.ALLREDUCE
 _STRIDED = torch.strided
-_TENSOR = torch.Tensor
-# A Signature from one tuple, built in C: the NamedTuple's generated __new__ is a Python call, and this is
-# built once per tensor per call. The tuple carries every field, in order.
-_new_signature = functools.partial(tuple.__new__, Signature)
+TENSOR = torch.Tensor
+# A Signature from one tuple, built in C (the NamedTuple's generated __new__ is a Python call): the tuple
+# carries every field, in order.
+new_signature = functools.partial(tuple.__new__, Signature)
 
 
-def host_allreduce(
-    tensor: Any, output: Any, name: str | None, op_name: str, pre: Any, post: Any, process_set: Any
-) -> Handle | None:
-    """Submit an allreduce of a dense, contiguous CPU tensor of a plain dtype (the common case: a training
-    loop's gradients and metrics) with every check the general path makes, in one frame; None, with nothing
-    done, for anything else (the caller then takes the general path, which also words the errors).
-
-    `output` is `tensor` (in place) or a fresh contiguous tensor like it (`fresh_output`). The general path
-    goes through a dozen small functions (the view, the dtype name, the signature's shape rule, the set id,
-    the submit): 5.7-6.4 us a call on the CI machine of 2026-11-27 (docs/engine.md, "The submit path")."""
+def host_array(t: Any) -> Any:
+    """The zero-copy numpy view of a dense, contiguous CPU tensor of a plain dtype (`PLAIN_DTYPES`) that
+    needs no gradient, when the host route carries CPU tensors; None for anything else (the caller then
+    takes `_view`, which handles every other case)."""
     engine = basics._engine
     if (
-        engine is None
-        or type(tensor) is not _TENSOR
-        or type(pre) is not float
-        or type(post) is not float
-        or tensor.layout is not _STRIDED
-        or not tensor.is_cpu
-        or tensor.requires_grad
-        or not tensor.is_contiguous()
-        or engine.settings.cpu_device_plane == "gloo"
+        t.is_cpu
+        and t.layout is _STRIDED
+        and not t.requires_grad
+        and t.is_contiguous()
+        and t.dtype in PLAIN_DTYPES
+        and engine is not None
+        and engine.settings.cpu_device_plane == "off"
     ):
-        return None
-    dtype = _HOST_FAST_DTYPES.get(tensor.dtype)
-    set_id = process_set.process_set_id if type(process_set) is ProcessSet else None
-    if dtype is None or set_id is None:
-        return None
-    data = tensor.numpy()
-    if output is tensor:
-        out = data
-    elif type(output) is _TENSOR and output.dtype is tensor.dtype and output.is_contiguous():
-        out = output.numpy()
-    else:
-        return None
-    full = _name("allreduce", name, process_set)
-    sig = _new_signature((full, _ALLREDUCE, dtype, tuple(tensor.shape), op_name, -1, pre, post, "cpu", ()))
-    return _queue(Request(sig, set_id, data, out))
+        return t.numpy()
+    return None
 
 
 def _check_scale(value: Any, what: str, which: str) -> float:
-    if type(value) is float:  # the common case, answered before the general checks
-        return value
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{what}: {which} must be a real number, got {value!r}")
     return float(value)

@@ -1,5 +1,5 @@
 """Single-process checks of the device data plane's pieces: its settings, its torch arithmetic against the
-host path's numpy arithmetic, the route table, and the timeline phases (stage tracks, no-op when off)."""
+host path's numpy arithmetic, the route table, and the timeline's stage hook (tracks; no-op when off)."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ import pytest
 
 from hpcring.collective import dtypes
 from hpcring.collective.arrays import numpy_view
-from hpcring.collective.engine import phases
-from hpcring.collective.engine.timeline import Timeline
+from hpcring.collective.stages import CROSS_ALLREDUCE, INTRA_REDUCE_SCATTER, unobserved
 from hpcring.config import engine_settings
+from hpcring.engine.timeline import Timeline, stage_hook
 from hpcring.errors import CollectiveError, ConfigError
 
 torch = pytest.importorskip("torch")
-device = pytest.importorskip("hpcring.collective.engine.device")
+device = pytest.importorskip("hpcring.engine.device_routes")
 
 
 def test_settings() -> None:
@@ -29,13 +29,42 @@ def test_settings() -> None:
         engine_settings({"HPCRING_DEVICE_CROSS": "ucx"})
     with pytest.raises(ConfigError, match="HPCRING_CPU_DEVICE_PLANE='1'"):
         engine_settings({"HPCRING_CPU_DEVICE_PLANE": "1"})
+    assert engine_settings({"HPCRING_CPU_DEVICE_PLANE": "mpi"}).cpu_device_plane == "mpi"
+
+
+def test_gpu_carriers_follow_horovods_variables() -> None:
+    """HOROVOD_GPU_OPERATIONS sets every op's carrier, HOROVOD_GPU_<OP> overrides one, the HPCRING_ twin
+    wins over the HOROVOD_ name; anything but NCCL or MPI is refused naming the variable."""
+    s = engine_settings({})
+    assert [s.gpu_carrier(op) for op in ("allreduce", "allgather", "reducescatter")] == ["nccl"] * 3
+    s = engine_settings({"HOROVOD_GPU_OPERATIONS": "MPI", "HOROVOD_GPU_ALLGATHER": "NCCL"})
+    assert (s.gpu_carrier("allreduce"), s.gpu_carrier("allgather"), s.gpu_carrier("alltoall")) == (
+        "mpi",
+        "nccl",
+        "mpi",
+    )
+    s = engine_settings({"HOROVOD_GPU_ALLREDUCE": "NCCL", "HPCRING_GPU_ALLREDUCE": "mpi"})
+    assert s.gpu_carrier("allreduce") == "mpi" and s.gpu_carrier("broadcast") == "nccl"
+    with pytest.raises(ConfigError, match=r"HOROVOD_GPU_ALLREDUCE='DDL' is not allowed; use 'nccl' or 'mpi'"):
+        engine_settings({"HOROVOD_GPU_ALLREDUCE": "DDL"})
+
+
+def test_streams_and_async_completion() -> None:
+    s = engine_settings({"HOROVOD_NUM_NCCL_STREAMS": "2", "HOROVOD_ENABLE_ASYNC_COMPLETION": "1"})
+    assert (s.num_streams, s.async_completion) == (2, True)
+    assert (engine_settings({}).num_streams, engine_settings({}).async_completion) == (1, False)
+    with pytest.raises(ConfigError, match="HOROVOD_NUM_NCCL_STREAMS"):
+        engine_settings({"HOROVOD_NUM_NCCL_STREAMS": "0"})
 
 
 def test_routes() -> None:
     assert device.route_of("cuda") == ("cuda", "nccl")
+    assert device.route_of("cuda+mpi") == ("cuda", "mpi")
     assert device.route_of("cpu+gloo") == ("cpu", "gloo")
+    assert device.route_of("cpu+mpi") == ("cpu", "mpi")
+    known = r"cpu\+gloo, cpu\+mpi, cuda, cuda\+mpi"
     with pytest.raises(
-        CollectiveError, match=r"no device data plane for device 'mps'; known routes: cpu\+gloo, cuda"
+        CollectiveError, match=rf"no device data plane for device 'mps'; known routes: {known}"
     ):
         device.route_of("mps")
 
@@ -75,31 +104,25 @@ def test_neutral_values() -> None:
         device.scale_(torch.ones(2, dtype=torch.bool), 2.0)
 
 
-def test_phases_are_a_no_op_without_a_listener() -> None:
-    assert not phases.recording()
-    phases.begin(phases.INTRA_REDUCE_SCATTER)  # nothing installed: nothing happens, nothing raised
-    phases.end(phases.INTRA_REDUCE_SCATTER)
-    with phases.phase("ANY"):
-        pass
+def test_no_timeline_means_the_unobserved_hook() -> None:
+    assert stage_hook(None, ["a"]) is unobserved
+    unobserved(INTRA_REDUCE_SCATTER, True)  # nothing happens, nothing raised
 
 
 def test_stages_are_written_on_their_own_tracks(tmp_path: Path) -> None:
-    """`phases.record` (the engine's listener) puts each hierarchical stage on its own tid, so stages that
-    overlap in time still nest per track; other phases stay on the main track."""
+    """The timeline's stage hook puts each hierarchical stage on its own tid, so stages that overlap in time
+    still nest per track; other stages stay on the main track."""
     path = tmp_path / "t.json"
     tl = Timeline(str(path))
-    phases.set_current(tl, ["a", "b"])
-    phases.set_listener(phases.record)
+    hook = stage_hook(tl, ["a", "b"])
     try:
-        phases.begin(phases.INTRA_REDUCE_SCATTER)
-        phases.begin(phases.CROSS_ALLREDUCE)  # overlaps the reduce-scatter, as when pipelined
-        phases.end(phases.INTRA_REDUCE_SCATTER)
-        with phases.phase("OTHER"):
-            pass
-        phases.end(phases.CROSS_ALLREDUCE)
+        hook(INTRA_REDUCE_SCATTER, True)
+        hook(CROSS_ALLREDUCE, True)  # overlaps the reduce-scatter, as when pipelined
+        hook(INTRA_REDUCE_SCATTER, False)
+        hook("OTHER", True)
+        hook("OTHER", False)
+        hook(CROSS_ALLREDUCE, False)
     finally:
-        phases.set_listener(None)
-        phases.set_current(None, [])
         tl.close()
     events = [e for e in json.loads(path.read_text()) if e.get("ph") in ("B", "E")]
     tracks = {(e["name"], e["ph"]): e["tid"] for e in events if e["pid"] == 1}
@@ -117,11 +140,12 @@ def test_stages_are_written_on_their_own_tracks(tmp_path: Path) -> None:
 def test_device_without_a_data_plane_is_staged_under_its_own_name() -> None:
     """Tensors of a device with no data plane travel the host path as "<type>+host": not a device route, and
     not "cpu" either, so validation refuses them next to CPU tensors on another rank (as Horovod does)."""
-    from hpcring.torch import mpi_ops
+    from hpcring.torch import tensors
 
-    mpi_ops._routes.pop("mps", None)
+    tensors._routes.clear()
+    tensors._warned.discard("mps")
     with pytest.warns(RuntimeWarning, match="no device data plane for 'mps'"):
-        route = mpi_ops._device_route("mps")
+        route = tensors._device_route("mps")
     assert route == "mps+host"
     assert route not in device.ROUTES and route != "cpu"
-    mpi_ops._routes.pop("mps", None)
+    tensors._routes.clear()

@@ -11,7 +11,7 @@ from typing import Any
 
 from support import ROOT, flavour_python
 
-from hpcring.launch.doctor import cpu_topology
+from hpcring.diagnostics import cpu_topology
 
 BLOCK = (
     "import sys\nfor m in {mods}: sys.modules[m] = None\nfrom hpcring.cli import main\nsys.exit(main({argv}))"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcring.collective.autotune import (
+from hpcring.engine.tuning_search import (
     CYCLE_GRID_MS,
     FUSION_GRID,
     MIB,

@@ -48,7 +48,7 @@ def test_auto_rule_one_node() -> None:
 def test_the_engine_takes_shared_memory_from_two_ranks() -> None:
     """The engine's lower rank minimum (its collectives run beside a training thread): shm from 2 ranks on
     one node, native below the size floor, and nothing changes across nodes."""
-    from hpcring.collective.engine.execution import ENGINE_SHM_MIN_RANKS
+    from hpcring.engine.host_plane import ENGINE_SHM_MIN_RANKS
 
     shm = selection.SHM_MIN_BYTES
     rule = functools.partial(choose_algorithm, native_exact=True, shm_min_ranks=ENGINE_SHM_MIN_RANKS)

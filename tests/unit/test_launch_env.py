@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from hpcring.contracts.rank_env import RANK_VARIABLES, rank_environment
 from hpcring.errors import ConfigError
-from hpcring.launch.env import RANK_VARIABLES, Detected, check_launcher, detect, rank_environment
+from hpcring.launch.detection import Detected, check_launcher, detect
 
 # What each launcher really exports to one rank (rank 5 of 8, second of 4 on node 1 of 2).
 SRUN = {

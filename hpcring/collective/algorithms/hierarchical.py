@@ -44,9 +44,15 @@ from hpcring.collective.algorithms.ring import (
 )
 from hpcring.collective.algorithms.workspace import scratch
 from hpcring.collective.backends.base import Request, Transport
-from hpcring.collective.engine import phases  # stage spans for the timeline (one global read when off)
 from hpcring.collective.ops import ReduceOp, ufunc
 from hpcring.collective.selection import choose_algorithm, segment_bytes
+from hpcring.collective.stages import (
+    CROSS_ALLREDUCE,
+    INTRA_ALLGATHER,
+    INTRA_REDUCE_SCATTER,
+    StageHook,
+    unobserved,
+)
 
 NDArray = np.ndarray[Any, Any]
 
@@ -273,9 +279,11 @@ def hierarchical_allreduce(
     op: ReduceOp,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     seg_bytes: int | None = None,
+    stages: StageHook = unobserved,
 ) -> None:
     """dst = reduction of every rank's src (1-D; dst may be src). `seg_bytes`: pipeline segment size (None:
-    $HPCRING_HIER_SEGMENT_BYTES or DEFAULT_SEGMENT_BYTES; 0: no pipelining)."""
+    $HPCRING_HIER_SEGMENT_BYTES or DEFAULT_SEGMENT_BYTES; 0: no pipelining). `stages` hears when each of
+    the three stages begins and ends."""
     count = src.size
     if count == 0:
         return
@@ -283,33 +291,40 @@ def hierarchical_allreduce(
     k = segment_count(src.nbytes, count, seg_bytes)
     lag = pipeline_lag(seg_bytes)
     if k == 1 or not _pipelinable(layout, lag):
-        _one_after_another(layout, src, dst, op, chunk_bytes)
+        _one_after_another(layout, src, dst, op, chunk_bytes, stages)
     else:
-        _pipelined(layout, src, dst, op, chunk_bytes, k, lag)
+        _pipelined(layout, src, dst, op, chunk_bytes, k, lag, stages)
 
 
 def _one_after_another(
-    layout: NodeLayout, src: NDArray, dst: NDArray, op: ReduceOp, chunk_bytes: int
+    layout: NodeLayout, src: NDArray, dst: NDArray, op: ReduceOp, chunk_bytes: int, stages: StageHook
 ) -> None:
     """The three stages on the whole buffer, one after another (small buffers: fewest messages)."""
     local = layout.local
     s = _segment(layout, 0, src.size)
-    phases.begin(phases.INTRA_REDUCE_SCATTER)
+    stages(INTRA_REDUCE_SCATTER, True)
     _node_reduce_scatter(local, src, dst, s, op, chunk_bytes, dst is src)
-    phases.end(phases.INTRA_REDUCE_SCATTER)
+    stages(INTRA_REDUCE_SCATTER, False)
     # 2) inter-node allreduce of each owned shard, in increasing shard order on every rank.
-    phases.begin(phases.CROSS_ALLREDUCE)
+    stages(CROSS_ALLREDUCE, True)
     sb = bounds(src.size, layout.shards)
     for shard in sorted(layout.shard_groups):
         flat_allreduce(layout.shard_groups[shard], dst[sb[shard] : sb[shard + 1]], op, chunk_bytes)
-    phases.end(phases.CROSS_ALLREDUCE)
-    phases.begin(phases.INTRA_ALLGATHER)
+    stages(CROSS_ALLREDUCE, False)
+    stages(INTRA_ALLGATHER, True)
     _node_allgather(local, dst, s, op, chunk_bytes)
-    phases.end(phases.INTRA_ALLGATHER)
+    stages(INTRA_ALLGATHER, False)
 
 
 def _pipelined(
-    layout: NodeLayout, src: NDArray, dst: NDArray, op: ReduceOp, chunk_bytes: int, k: int, lag: int
+    layout: NodeLayout,
+    src: NDArray,
+    dst: NDArray,
+    op: ReduceOp,
+    chunk_bytes: int,
+    k: int,
+    lag: int,
+    stages: StageHook,
 ) -> None:
     """Segments through the three stages, overlapped (see `finish_iteration` for the schedule).
 
@@ -318,7 +333,7 @@ def _pipelined(
     stages' waits), so the next step's messages go on the link without waiting for the schedule. Completing
     early only ever posts sends sooner and never blocks, so the deadlock argument is untouched.
 
-    Timeline stages (`phases`) span each stage's first to last segment: they overlap, which is the point."""
+    Stages (`stages`) span each stage's first to last segment: they overlap, which is the point."""
     local, in_place = layout.local, dst is src
     cut = bounds(src.size, k)
     segments = [_segment(layout, cut[i], cut[i + 1]) for i in range(k)]
@@ -332,15 +347,15 @@ def _pipelined(
                 while ring.ready():
                     ring.advance()
 
-    phases.begin(phases.INTRA_REDUCE_SCATTER)
+    stages(INTRA_REDUCE_SCATTER, True)
     for it in range(finish_iteration(k - 1, steps, lag) + 1):
         if it < k:
             s = segments[it]
             _node_reduce_scatter(local, src, dst, s, op, chunk_bytes, in_place, poll)
             if it == 0:
-                phases.begin(phases.CROSS_ALLREDUCE)
+                stages(CROSS_ALLREDUCE, True)
             if it == k - 1:
-                phases.end(phases.INTRA_REDUCE_SCATTER)
+                stages(INTRA_REDUCE_SCATTER, False)
             sb = bounds(s.hi - s.lo, layout.shards)
             rings[it] = [
                 CrossRing(layout.shard_groups[j], dst[s.lo + sb[j] : s.lo + sb[j + 1]], op, it % slots, j)
@@ -356,11 +371,11 @@ def _pipelined(
         for seg in finished:
             del rings[seg]
             if seg == k - 1:  # the last cross ring has landed
-                phases.end(phases.CROSS_ALLREDUCE)
+                stages(CROSS_ALLREDUCE, False)
             if seg == 0:
-                phases.begin(phases.INTRA_ALLGATHER)
+                stages(INTRA_ALLGATHER, True)
             _node_allgather(local, dst, segments[seg], op, chunk_bytes, poll)
-    phases.end(phases.INTRA_ALLGATHER)
+    stages(INTRA_ALLGATHER, False)
 
 
 def _cross_size(layout: NodeLayout) -> int:

@@ -96,3 +96,28 @@ class Transport(Protocol):
     def barrier(self) -> None:
         """Wait until every rank of the group has arrived."""
         ...
+
+
+class OverCommunicator:
+    """What every transport here shares: its group is an mpi4py communicator's ranks, and small objects
+    and barriers go through that communicator (every rank has MPI anyway)."""
+
+    def __init__(self, comm: Any) -> None:
+        self.comm = comm
+        self._rank = int(comm.Get_rank())
+        self._size = int(comm.Get_size())
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    def allgather_object(self, obj: object) -> list[Any]:
+        gathered: list[Any] = self.comm.allgather(obj)
+        return gathered
+
+    def barrier(self) -> None:
+        self.comm.Barrier()

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from hpcring._deps import mpi
+from hpcring.collective.backends.base import OverCommunicator
 from hpcring.collective.dtypes import name_of, wire_view
 from hpcring.collective.ops import ReduceOp
 from hpcring.errors import CollectiveError
@@ -83,22 +84,12 @@ def _displs(counts: Sequence[int]) -> list[int]:
     return out
 
 
-class MPITransport:
+class MPITransport(OverCommunicator):
     """Transport over one mpi4py intracommunicator (owned by the Topology that created it)."""
 
     def __init__(self, comm: Any) -> None:
-        self.comm = comm
+        super().__init__(comm)
         self._mpi = mpi()
-        self._rank = int(comm.Get_rank())
-        self._size = int(comm.Get_size())
-
-    @property
-    def rank(self) -> int:
-        return self._rank
-
-    @property
-    def size(self) -> int:
-        return self._size
 
     def isend(self, buf: NDArray, dest: int, tag: int) -> _Request:
         return _Request(self.comm.Isend(_wire(buf), dest, tag))
@@ -156,13 +147,6 @@ class MPITransport:
             [s, (list(sendcounts), _displs(sendcounts)), _datatype(s.dtype)],
             [r, (list(recvcounts), _displs(recvcounts)), _datatype(r.dtype)],
         )
-
-    def allgather_object(self, obj: object) -> list[Any]:
-        result: list[Any] = self.comm.allgather(obj)
-        return result
-
-    def barrier(self) -> None:
-        self.comm.Barrier()
 
 
 def make_transport(comm: Any) -> MPITransport:

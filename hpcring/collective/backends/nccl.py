@@ -35,6 +35,7 @@ import numpy as np
 
 from hpcring import _deps
 from hpcring.collective.arrays import to_kind
+from hpcring.collective.backends.base import OverCommunicator
 from hpcring.collective.ops import ReduceOp
 from hpcring.errors import BackendUnavailable, ConfigError
 
@@ -104,7 +105,7 @@ def _rendezvous(comm: Any) -> Any:
     return dist.PrefixStore(f"hpcring/{address[2]}", store)
 
 
-class TorchTransport:
+class TorchTransport(OverCommunicator):
     """A Transport over a torch.distributed process group ("nccl" for CUDA tensors, "gloo" for CPU).
 
     Collective over `comm`: every rank of it constructs its transport at the same point. `device` (NCCL
@@ -114,10 +115,8 @@ class TorchTransport:
 
     def __init__(self, comm: Any, backend: str = "nccl", device: Any = None) -> None:
         dist = _deps.require("torch.distributed")
-        self.comm = comm
+        super().__init__(comm)
         self.backend = backend
-        self._rank: int = comm.Get_rank()
-        self._size: int = comm.Get_size()
         if backend not in ("nccl", "gloo"):
             raise ConfigError(f"unknown torch transport backend {backend!r}; allowed: 'nccl' or 'gloo'")
         if backend == "nccl" and not (dist.is_available() and dist.is_nccl_available()):
@@ -129,14 +128,6 @@ class TorchTransport:
             self.pg = _nccl_group(dist, store, self._rank, self._size, device)
         else:
             self.pg = dist.ProcessGroupGloo(store, self._rank, self._size, _TIMEOUT)
-
-    @property
-    def rank(self) -> int:
-        return self._rank
-
-    @property
-    def size(self) -> int:
-        return self._size
 
     def isend(self, buf: NDArray, dest: int, tag: int) -> _Work:
         return _Work(self.pg.send([_tensor(buf)], dest, tag))
@@ -248,13 +239,6 @@ class TorchTransport:
         dist = _deps.require("torch.distributed")
         src, dst = _tensor(sendbuf).reshape(-1), _tensor(recvbuf).reshape(-1)
         self.pg.alltoall_base(dst, src, list(recvcounts), list(sendcounts), dist.AllToAllOptions()).wait()
-
-    def allgather_object(self, obj: object) -> list[Any]:
-        gathered: list[Any] = self.comm.allgather(obj)
-        return gathered
-
-    def barrier(self) -> None:
-        self.comm.Barrier()
 
     def close(self) -> None:
         """Shut the process group down now (idempotent), rather than leave it to interpreter exit."""

@@ -27,9 +27,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import BinaryIO
 
+from hpcring.contracts import elastic as contract
 from hpcring.errors import ConfigError
 from hpcring.launch.command import LaunchSpec
-from hpcring.launch.elastic import contract
 from hpcring.launch.elastic.discovery import Blacklist, Discovery, is_this_machine
 from hpcring.launch.flavour import MpiInstall
 from hpcring.launch.hosts import Host

@@ -21,7 +21,7 @@ import threading
 from collections.abc import Sequence
 from typing import IO
 
-from hpcring.launch.elastic import contract
+from hpcring.contracts import elastic as contract
 
 # "srun: error: node3: task 2: Killed", "srun: error: node3: tasks 4-5: Exited with exit code 1"
 _TASK_FAILED = re.compile(r"srun: error: (\S+): tasks? [\d,\-]+: (.+)$")

@@ -14,8 +14,13 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from hpcring.launch.elastic import contract
+import torch
+
+from hpcring.contracts import elastic as contract
+from hpcring.torch import basics
+from hpcring.torch.collective_ops import broadcast_
 from hpcring.torch.elastic import store
+from hpcring.torch.functions import broadcast_object
 
 
 class HostsUpdatedInterrupt(RuntimeError):
@@ -29,8 +34,6 @@ class HostsUpdatedInterrupt(RuntimeError):
 
 
 def _default_bcast(obj: Any, root_rank: int = 0, name: str | None = None) -> Any:
-    from hpcring.torch.functions import broadcast_object
-
     return broadcast_object(obj, root_rank=root_rank, name=name)
 
 
@@ -40,19 +43,13 @@ _RESULTS = ("", contract.ADDED, contract.REMOVED, contract.MIXED)
 def _broadcast_notice(timestamp: int, result: str) -> tuple[int, str]:
     """Rank 0's (timestamp, result) on every rank in one small tensor broadcast: it runs at every commit,
     so it costs one collective, not the two (size, then bytes) of broadcast_object."""
-    import torch
-
-    import hpcring.torch as hvd
-
     t = torch.tensor([timestamp, _RESULTS.index(result)], dtype=torch.int64)
-    hvd.broadcast_(t, 0, name="elastic.host_updates")
+    broadcast_(t, 0, name="elastic.host_updates")
     return int(t[0]), _RESULTS[int(t[1])]
 
 
 def _default_rank() -> int:
-    import hpcring.torch as hvd
-
-    return int(hvd.rank())
+    return basics.rank()
 
 
 def _store_from_env(rank: int) -> store.CommitStore | None:
@@ -178,12 +175,8 @@ class ObjectState(State):
 
     def sync(self) -> None:
         """Broadcast the whole state from `_sync_root` (rank 0 unless resuming from a commit elsewhere)."""
-        import torch
-
-        import hpcring.torch as hvd
-
         root = self._sync_root
-        if hvd.size() == 1 and self._pending is None:
+        if basics.size() == 1 and self._pending is None:
             return
         if self._rank() == root:
             payload = (
@@ -194,13 +187,13 @@ class ObjectState(State):
             length = torch.tensor([len(payload)], dtype=torch.int64)
         else:
             payload, length = None, torch.zeros(1, dtype=torch.int64)
-        hvd.broadcast_(length, root, name="elastic.sync.len")
+        broadcast_(length, root, name="elastic.sync.len")
         data = (
             torch.frombuffer(payload, dtype=torch.uint8)
             if payload is not None
             else torch.empty(int(length.item()), dtype=torch.uint8)
         )
-        hvd.broadcast_(data, root, name="elastic.sync.data")
+        broadcast_(data, root, name="elastic.sync.data")
         if payload is None or self._pending is not None:
             seq, snap = store.decode(data.numpy())
             self._seq = seq

@@ -22,27 +22,31 @@ import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from hpcring.contracts import elastic as contract
 from hpcring.errors import CollectiveError
-from hpcring.launch.elastic import contract
+from hpcring.torch import basics
+from hpcring.torch.elastic import store
 from hpcring.torch.elastic.common import HostsUpdatedInterrupt, ObjectState, State, _store_from_env
+from hpcring.torch.functions import allgather_object
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _resume(state: State) -> bool:
     """Make every rank hold the newest commit (or rank 0's state if none); True if one was found."""
-    import hpcring.torch as hvd
-
     found = None
     if isinstance(state, ObjectState):
-        own = _store_from_env(hvd.rank())
+        own = _store_from_env(basics.rank())
         found = own.newest() if own is not None else None
-    seqs = hvd.allgather_object(found[0] if found else -1, name="elastic.resume")
+    seqs = allgather_object(found[0] if found else -1, name="elastic.resume")
     best = max(seqs)
     state._sync_root = seqs.index(best) if best >= 0 else 0
-    if found is not None and best >= 0 and hvd.rank() == state._sync_root and isinstance(state, ObjectState):
-        from hpcring.torch.elastic import store
-
+    if (
+        found is not None
+        and best >= 0
+        and basics.rank() == state._sync_root
+        and isinstance(state, ObjectState)
+    ):
         state._pending = store.read_bytes(found[1])
     state.sync()
     return bool(best >= 0)
@@ -50,10 +54,10 @@ def _resume(state: State) -> bool:
 
 def _exit_for_reset(why: str) -> None:
     """Leave at once for the relaunch: no MPI_Finalize (it would wait for ranks that are gone)."""
-    import hpcring.torch as hvd
-
     sys.stdout.flush()
-    print(f"hpcring elastic: rank {hvd.rank()}: {why}; exiting for the relaunch", file=sys.stderr, flush=True)
+    print(
+        f"hpcring elastic: rank {basics.rank()}: {why}; exiting for the relaunch", file=sys.stderr, flush=True
+    )
     os._exit(contract.RESET_EXIT_CODE)
 
 

@@ -15,11 +15,11 @@ from typing import Any
 
 import torch.utils.data
 
+from hpcring.torch import basics
+
 
 def _world() -> tuple[int, int]:
-    import hpcring.torch as hvd
-
-    return int(hvd.size()), int(hvd.rank())
+    return basics.size(), basics.rank()
 
 
 class ElasticSampler(torch.utils.data.Sampler[int]):  # type: ignore[misc]

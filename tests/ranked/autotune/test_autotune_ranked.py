@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 
-from hpcring.collective.autotune import autotune_options
+from hpcring.engine.tuning_search import autotune_options
 from hpcring.torch import autotune, basics
 
 

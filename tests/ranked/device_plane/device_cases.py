@@ -13,37 +13,59 @@ CUDA = os.environ.get("HPCRING_TEST_DEVICE", "cpu") == "cuda"
 
 
 def _cuda_index() -> int:
-    """One GPU per rank: cuda:LOCAL_RANK, or cuda:(RANK mod GPUs) when nodes are emulated on one machine
-    (LOCAL_RANK then counts within an emulated node, and two ranks would share a GPU, which NCCL refuses)."""
-    if os.environ.get("HPCRING_EMULATE_NODES"):
-        return int(os.environ.get("RANK", "0")) % torch.cuda.device_count()
-    return int(os.environ.get("LOCAL_RANK", "0"))
+    """cuda:LOCAL_RANK, or cuda:RANK when nodes are emulated on one machine (LOCAL_RANK then counts within an
+    emulated node), modulo the GPU count: with fewer GPUs than ranks, ranks share one, which the MPI route and
+    the hierarchical route with one rank per node allow (NCCL refuses two ranks of one group on one GPU)."""
+    key = "RANK" if os.environ.get("HPCRING_EMULATE_NODES") else "LOCAL_RANK"
+    return int(os.environ.get(key, "0")) % torch.cuda.device_count()
 
 
 DEVICE = torch.device("cuda", _cuda_index()) if CUDA else torch.device("cpu")
-ROUTE = "cuda" if CUDA else "cpu+gloo"  # the agreed signature device of tensors on this route
+
+
+def _route() -> str:
+    """The agreed signature device of this launch's tensors: CUDA over NCCL, or over MPI when the launch
+    asks for it (HOROVOD_GPU_OPERATIONS=MPI); CPU tensors through the stand-in HPCRING_CPU_DEVICE_PLANE
+    names (gloo unless the launch set mpi)."""
+    if CUDA:
+        ops = os.environ.get("HPCRING_GPU_OPERATIONS") or os.environ.get("HOROVOD_GPU_OPERATIONS") or "nccl"
+        return "cuda" if ops.lower() == "nccl" else "cuda+mpi"
+    return "cpu+" + os.environ.get("HPCRING_CPU_DEVICE_PLANE", "gloo")
+
+
+ROUTE = _route()
+MPI_ROUTE = f"{DEVICE.type}+mpi"  # the route that stages through host memory and reduces over MPI
 
 
 def plane_stats() -> dict[str, int]:
     """The device plane's counters (all zero before its first batch)."""
     from hpcring.torch import basics
 
-    plane: Any = basics.engine()._device
+    plane: Any = basics.engine().device_plane
     if plane is None:
-        return {"batches": 0, "hierarchical": 0, "planes": 0, "released": 0}
+        return {"batches": 0, "hierarchical": 0, "planes": 0, "released": 0, "staged": 0}
     return dict(plane.stats)
 
 
 def hierarchical_forced() -> bool:
-    """Launched with HPCRING_ALLREDUCE_ALGORITHM=hierarchical on several emulated nodes?"""
+    """Launched with HPCRING_ALLREDUCE_ALGORITHM=hierarchical on several emulated nodes of equal size?"""
     from hpcring.torch import basics
 
     return (
         os.environ.get("HPCRING_ALLREDUCE_ALGORITHM") == "hierarchical"
         and basics.cross_size() > 1
-        and basics.local_size() > 1
         and basics.is_homogeneous()
     )
+
+
+def expected_stages() -> tuple[str, ...]:
+    """The hierarchical stages an allreduce of this launch reports: all three, except on the process-group
+    route with one rank per node, where the cross-node stage is all there is."""
+    from hpcring.torch import basics
+
+    if ROUTE.endswith("+mpi") or basics.local_size() > 1:
+        return STAGES
+    return ("CROSS_ALLREDUCE",)
 
 
 def values(q: int, n: int) -> torch.Tensor:
@@ -102,16 +124,21 @@ def spans(events: list[dict[str, Any]], tensor: str) -> dict[tuple[str, int], li
     return out
 
 
-def check_stages_nested(events: list[dict[str, Any]], tensor: str) -> dict[str, tuple[float, float]]:
-    """Every stage once on its own track, inside the tensor's COLLECTIVE span; returns the stage spans."""
+def check_stages_nested(
+    events: list[dict[str, Any]], tensor: str, expected: tuple[str, ...] | None = None
+) -> dict[str, tuple[float, float]]:
+    """Every stage this launch reports once on its own track, inside the tensor's COLLECTIVE span; returns the
+    stage spans."""
     found = spans(events, tensor)
     (collective,) = found[("COLLECTIVE", 0)]
     stages = {}
-    for stage in STAGES:
+    expected = expected_stages() if expected is None else expected
+    assert not {k for k, _ in found if k in STAGES} - set(expected), (tensor, found)
+    for stage in expected:
         (span,) = found[(stage, TRACKS[stage])]
         assert collective[0] <= span[0] <= span[1] <= collective[1], (tensor, stage, span, collective)
         stages[stage] = span
     # The stages follow one another: each begins no earlier than the previous one began.
-    begins = [stages[s][0] for s in STAGES]
+    begins = [stages[s][0] for s in expected]
     assert begins == sorted(begins), (tensor, stages)
     return stages

@@ -10,7 +10,7 @@ from types import ModuleType
 
 import pytest
 import torch
-from device_cases import DEVICE, ROUTE, hierarchical_forced, plane_stats, values
+from device_cases import DEVICE, MPI_ROUTE, ROUTE, hierarchical_forced, plane_stats, values
 
 OPS = ["sum", "average", "min", "max", "product"]
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64, torch.uint8]
@@ -38,11 +38,11 @@ def expected(op: str, n: int, length: int, dtype: torch.dtype) -> torch.Tensor:
 def test_the_route_taken(hvd: ModuleType) -> None:
     """Tensors take the device route (not numpy): the signature names it, the device plane counts the batch,
     and on 2 emulated nodes with hierarchical forced the three-stage allreduce ran."""
-    from hpcring.torch import mpi_ops
+    from hpcring.torch import tensors
 
     n = hvd.size()
     t = torch.ones(1000, device=DEVICE)
-    assert mpi_ops._view(t).device == ROUTE
+    assert tensors._view(t).device == ROUTE
     before = plane_stats()
     y = hvd.allreduce(t, op=hvd.Sum, name="route")
     after = plane_stats()
@@ -64,19 +64,19 @@ def test_ops_and_dtypes(hvd: ModuleType, op: str, dtype: torch.dtype) -> None:
     assert torch.equal(x, original)  # out of place: the input is untouched
 
 
-@pytest.mark.filterwarnings("ignore:hpcring. .* staged through host memory:RuntimeWarning")
 @pytest.mark.parametrize("op", OPS)
-def test_int16_takes_the_host_path(hvd: ModuleType, op: str) -> None:
-    """NCCL has no int16 (gloo, its CPU stand-in, rejects it too): such tensors are staged through host memory
-    and reduced over MPI instead of failing, and come back on their device with the exact result."""
-    from hpcring.torch import mpi_ops
+def test_int16_takes_the_mpi_route(hvd: ModuleType, op: str) -> None:
+    """NCCL has no int16 (gloo, its CPU stand-in, rejects it too): such tensors take their device's MPI
+    route (staged through host memory, reduced over MPI) instead of failing, and come back on their device
+    with the exact result."""
+    from hpcring.torch import tensors
 
     n, r = hvd.size(), hvd.rank()
     x = values(r, 7).to(torch.int16).to(DEVICE)
-    assert mpi_ops._view(x).device == ("cuda+host" if DEVICE.type == "cuda" else "cpu")
+    assert tensors._view(x).device == MPI_ROUTE
     before = plane_stats()
     y = hvd.allreduce(x, op=getattr(hvd, op.capitalize()), name=f"int16.{op}")
-    assert plane_stats()["batches"] == before["batches"]  # not the device plane
+    assert plane_stats()["staged"] == before["staged"] + 1
     assert y.dtype == torch.int16 and y.device == x.device
     assert torch.equal(y.cpu(), expected(op, n, 7, torch.int16)), (op, y)
     gathered = hvd.allgather(x, name=f"int16.gather.{op}")

@@ -15,7 +15,17 @@ from typing import Any
 
 import pytest
 import torch
-from device_cases import CUDA, DEVICE, check_stages_nested, hierarchical_forced, plane_stats, record, reinit
+from device_cases import (
+    CUDA,
+    DEVICE,
+    ROUTE,
+    STAGES,
+    check_stages_nested,
+    hierarchical_forced,
+    plane_stats,
+    record,
+    reinit,
+)
 
 STEPS, BATCH = 5, 4
 
@@ -71,6 +81,8 @@ def train_reference() -> list[torch.Tensor]:
 def test_cross_node_stage_through_the_device_backend(hvd: ModuleType) -> None:
     if not hierarchical_forced():
         pytest.skip("needs several emulated nodes and HPCRING_ALLREDUCE_ALGORITHM=hierarchical")
+    if ROUTE.endswith("+mpi"):
+        pytest.skip("the MPI route stages whole batches; HPCRING_DEVICE_CROSS is the process-group route's")
     n, r = hvd.size(), hvd.rank()
     launch = os.environ.get("HPCRING_DEVICE_CROSS", "")
     try:
@@ -114,10 +126,10 @@ def test_host_hierarchical_stages_in_the_timeline(hvd: ModuleType, comm: Any, sh
         reinit(hvd, HPCRING_CPU_DEVICE_PLANE=launch)
     if events is None:
         return
-    check_stages_nested(events, "allreduce.host.small")
-    stages = check_stages_nested(events, "allreduce.host.large")
-    # Pipelined: the cross-node stage starts before the node reduce-scatter has finished every segment.
-    assert stages["CROSS_ALLREDUCE"][0] < stages["INTRA_REDUCE_SCATTER"][1], stages
+    check_stages_nested(events, "allreduce.host.small", STAGES)
+    stages = check_stages_nested(events, "allreduce.host.large", STAGES)
+    if hvd.local_size() > 1:  # pipelined: the cross stage starts before the node stage has done every segment
+        assert stages["CROSS_ALLREDUCE"][0] < stages["INTRA_REDUCE_SCATTER"][1], stages
 
 
 def test_ranks_on_different_routes_fail_on_every_rank(hvd: ModuleType) -> None:
@@ -142,3 +154,45 @@ def test_ranks_on_different_routes_fail_on_every_rank(hvd: ModuleType) -> None:
             reinit(hvd, HPCRING_CPU_DEVICE_PLANE=launch)
     after = hvd.allreduce(torch.ones(2, device=DEVICE), op=hvd.Sum, name="after")
     assert after.cpu().tolist() == [float(n)] * 2
+
+
+def test_lanes_take_batches_in_turn(hvd: ModuleType) -> None:
+    """HOROVOD_NUM_NCCL_STREAMS=2: batches alternate between two lanes, each with process groups of its own
+    (built when first needed), and the results are those of one lane."""
+    if ROUTE.endswith("+mpi") or hierarchical_forced():
+        pytest.skip("the lanes' own process groups are those of the flat process-group route")
+    n, r = hvd.size(), hvd.rank()
+    launch = os.environ.get("HOROVOD_NUM_NCCL_STREAMS", "")
+    try:
+        reinit(hvd, HOROVOD_NUM_NCCL_STREAMS="2")
+        for k in range(4):
+            y = hvd.allreduce(torch.full((k + 2,), float(r + k), device=DEVICE), op=hvd.Sum, name=f"lane.{k}")
+            assert torch.equal(y.cpu(), torch.full((k + 2,), float(n * (n - 1) // 2 + n * k)))
+        stats = plane_stats()
+        assert stats["batches"] == 4 and stats.get("groups_world", 0) == (2 if n > 1 else 0), stats
+    finally:
+        reinit(hvd, HOROVOD_NUM_NCCL_STREAMS=launch)
+
+
+def test_gpu_operations_choose_the_route_per_op(hvd: ModuleType) -> None:
+    """CUDA: HOROVOD_GPU_ALLREDUCE=MPI sends allreduces over the MPI route and leaves the other ops on
+    NCCL; every rank agrees (the route is part of the signature)."""
+    if not CUDA:
+        pytest.skip("the GPU routes are chosen for CUDA tensors")
+    from hpcring.engine.request import OpType
+    from hpcring.torch import tensors
+
+    n, r = hvd.size(), hvd.rank()
+    launch = os.environ.get("HOROVOD_GPU_ALLREDUCE", "")
+    try:
+        reinit(hvd, HOROVOD_GPU_ALLREDUCE="MPI")
+        tensors._routes.clear()
+        x = torch.full((9,), float(r), device=DEVICE)
+        assert tensors._view(x, OpType.ALLREDUCE).device == "cuda+mpi"
+        assert tensors._view(x, OpType.ALLGATHER).device == ROUTE
+        y = hvd.allreduce(x, op=hvd.Sum, name="gpu.mpi")
+        assert torch.equal(y.cpu(), torch.full((9,), float(n * (n - 1) // 2)))
+        assert plane_stats()["staged"] >= 1
+    finally:
+        tensors._routes.clear()
+        reinit(hvd, HOROVOD_GPU_ALLREDUCE=launch)

@@ -8,9 +8,9 @@ from collections.abc import Iterator
 import pytest
 
 import hpcring
-from hpcring.collective.engine import Engine
 from hpcring.collective.topology import Topology
 from hpcring.config import EngineSettings
+from hpcring.engine import Engine
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from hpcring.collective.engine import Engine, Handle, OpType, Request, Signature, signature_shape
+from hpcring.engine import Engine, Handle, OpType, Request, Signature, signature_shape
 
 
 def submit(

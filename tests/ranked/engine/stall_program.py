@@ -13,8 +13,8 @@ import time
 import numpy as np
 
 import hpcring
-from hpcring.collective.engine import Engine, OpType, Request, Signature
 from hpcring.config import engine_settings
+from hpcring.engine import Engine, OpType, Request, Signature
 from hpcring.errors import CollectiveError
 
 

@@ -8,8 +8,8 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
-from hpcring.collective.engine import Engine, OpType, Request, Signature
 from hpcring.collective.topology import Topology
+from hpcring.engine import Engine, OpType, Request, Signature
 from hpcring.errors import CollectiveError
 
 SHAPES: list[tuple[int, ...]] = [(7,), (3, 5), (16,), (2, 2, 3), (1,), (33,)]

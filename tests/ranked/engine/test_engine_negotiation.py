@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from engine_cases import submit
 
-from hpcring.collective.engine import Engine, OpType, Request, Signature
 from hpcring.collective.topology import Topology
 from hpcring.config import EngineSettings
+from hpcring.engine import Engine, OpType, Request, Signature
 from hpcring.errors import CollectiveError
 
 

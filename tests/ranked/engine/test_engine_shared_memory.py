@@ -10,11 +10,11 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from hpcring.collective.engine import Engine, OpType, Request, Signature
-from hpcring.collective.engine.execution import ENGINE_SHM_ROUND_BYTES, SHM_FUSED_MIN_BYTES
 from hpcring.collective.selection import SHM_MIN_BYTES
 from hpcring.collective.topology import Topology
 from hpcring.config import EngineSettings
+from hpcring.engine import Engine, OpType, Request, Signature
+from hpcring.engine.host_plane import ENGINE_SHM_ROUND_BYTES, SHM_FUSED_MIN_BYTES
 from hpcring.errors import ConfigError
 
 SHAPES: list[tuple[int, ...]] = [(8199,), (61, 67), (5000,), (3, 5, 7), (1,), (2048,)]  # 76 KiB float32

@@ -241,35 +241,32 @@ def test_grouped_results_have_horovods_types(hvd: ModuleType) -> None:
     assert type(hvd.grouped_reducescatter([torch.ones(n)], op=hvd.Sum)) is list
 
 
-def test_host_path_in_one_frame_and_what_it_leaves_to_the_general_path(hvd: ModuleType) -> None:
-    """`host_allreduce` submits a dense contiguous CPU tensor of a plain dtype itself (in place and into a
-    fresh output) and declines, with nothing submitted, everything else; the public op then takes the
-    general path, which gives the same results or words the error."""
-    from hpcring.torch.tensors import host_allreduce
+def test_one_submit_path_views_plain_tensors_and_converts_the_rest(hvd: ModuleType) -> None:
+    """The allreduce submit path hands the engine a dense contiguous CPU tensor of a plain dtype as it is (a
+    zero-copy numpy view: `host_array`), in place and into a fresh output; everything else goes through
+    `_view` (a contiguous copy, the bfloat16 view, a detached tensor) and gives the same results, or words
+    the error."""
+    from hpcring.torch.tensors import host_array
 
     n, r = hvd.size(), hvd.rank()
-    gps = hvd.global_process_set
     x = torch.full((4, 3), float(r + 1))
-    h = host_allreduce(x, x, "host.in_place", "sum", 1.0, 1.0, gps)
-    assert h is not None
-    h.wait()
+    view = host_array(x)
+    assert view is not None and view.ctypes.data == x.data_ptr()
+    hvd.allreduce_(x, op=hvd.Sum, name="host.in_place")
     assert torch.equal(x, torch.full((4, 3), float(n * (n + 1) // 2)))
-    src, out = torch.full((5,), float(r)), torch.empty(5)
-    h = host_allreduce(src, out, None, "average", 2.0, 1.0, gps)  # unnamed: the counter agrees across ranks
-    assert h is not None
-    h.wait()
-    assert torch.allclose(out, torch.full((5,), 2.0 * ranks_sum(n) / n)) and torch.equal(
-        src, torch.full((5,), float(r))
-    )
-    declined = {
+    src = torch.full((5,), float(r))
+    out = hvd.allreduce(src, op=hvd.Average, prescale_factor=2.0)  # unnamed: the counter agrees
+    assert torch.allclose(out, torch.full((5,), 2.0 * ranks_sum(n) / n))
+    assert torch.equal(src, torch.full((5,), float(r)))
+    converted = {
         "not contiguous": torch.full((3, 4), float(r)).t(),
         "bool": torch.full((4,), r % 2 == 0),
         "bfloat16": torch.full((4,), float(r), dtype=torch.bfloat16),
         "requires grad": torch.full((4,), float(r), requires_grad=True),
         "a Tensor subclass": torch.nn.Parameter(torch.full((4,), float(r))),
     }
-    for why, t in declined.items():
-        assert host_allreduce(t, t, f"host.{why}", "max", 1.0, 1.0, gps) is None, why
+    for why, t in converted.items():
+        assert host_array(t) is None, why
         want = (
             torch.full(t.shape, float(n - 1)).to(t.dtype)
             if t.dtype is not torch.bool
@@ -277,11 +274,7 @@ def test_host_path_in_one_frame_and_what_it_leaves_to_the_general_path(hvd: Modu
         )
         assert torch.equal(hvd.allreduce(t, op=hvd.Max, name=f"general.{why}").detach(), want), why
     y = torch.ones(2)
-    assert (
-        host_allreduce(y, y, "host.int-scale", "sum", 1, 1.0, gps) is None
-    )  # an int factor: converted there
-    assert torch.equal(hvd.allreduce(y, op=hvd.Sum, prescale_factor=2), torch.full((2,), 2.0 * n))
+    assert torch.equal(hvd.allreduce(y, op=hvd.Sum, prescale_factor=2), torch.full((2,), 2.0 * n))  # an int
     unregistered = hvd.ProcessSet([0])
-    assert host_allreduce(y, y, "host.unregistered", "sum", 1.0, 1.0, unregistered) is None
     with pytest.raises(ValueError, match="not registered"):
         hvd.allreduce(y, process_set=unregistered)

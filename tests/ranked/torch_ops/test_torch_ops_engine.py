@@ -26,11 +26,11 @@ def test_basics(hvd: ModuleType) -> None:
     assert int(os.environ["RANK"]) == r and int(os.environ["WORLD_SIZE"]) == n
     hvd.init()  # idempotent
     assert hvd.size() == n
-    from hpcring import heap  # init() fixed the allocator's thresholds (hpcring/heap.py), unless told not to
+    from hpcring import malloc_policy  # init() fixed the allocator's thresholds, unless told not to
 
-    skip = heap.reason_to_skip(os.environ)
-    assert heap.state() == (f"left as it is: {skip}" if skip else heap.tune())
-    assert skip is not None or (heap.state() or "").startswith("tuned:")
+    skip = malloc_policy.reason_to_skip(os.environ)
+    assert malloc_policy.state() == (f"left as it is: {skip}" if skip else malloc_policy.tune())
+    assert skip is not None or (malloc_policy.state() or "").startswith("tuned:")
 
 
 def test_different_submit_order_across_ranks(hvd: ModuleType) -> None:

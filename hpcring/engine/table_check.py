@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from hpcring.collective.engine.request import OpType, Signature
+from hpcring.engine.request import OpType, Signature
 
 # Which signature fields must agree for each op type (op_type and device always must).
 _FIELDS: dict[OpType, tuple[str, ...]] = {

@@ -1,24 +1,23 @@
-"""Per-process-set state of the engine, and the attributes every part of the engine shares."""
+"""What the engine keeps for one process set: its queues, negotiation table, response cache and buffers."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from hpcring.collective.engine.cache import ResponseCache
-from hpcring.collective.engine.request import Request, Signature
-from hpcring.collective.engine.responses import _Plan
 from hpcring.config import EngineSettings
+from hpcring.engine.request import Request, Signature
+from hpcring.engine.response_cache import ResponseCache
+from hpcring.engine.responses import _Plan
 
 NDArray = np.ndarray[Any, Any]
 
 
 @dataclass
-class _Entry:
+class Entry:
     """Negotiation-table row: which set ranks announced a name, with what signature."""
 
     sigs: dict[int, Signature]
@@ -26,7 +25,7 @@ class _Entry:
     warned_at: float = 0.0
 
 
-class _SetState:
+class SetState:
     """Everything the engine keeps for one process set this rank belongs to."""
 
     def __init__(self, set_id: int, ranks: Sequence[int], topology: Any, settings: EngineSettings) -> None:
@@ -42,7 +41,7 @@ class _SetState:
         self.outbox: list[Request] = []  # to announce through the table next cycle
         self.announced: dict[str, Request] = {}  # announced through the table, waiting
         self.cached_wait: dict[int, Request] = {}  # bit -> request waiting on the cache path
-        self.table: dict[str, _Entry] = {}
+        self.table: dict[str, Entry] = {}
         self.joined: list[int] = []  # set ranks, in the order their join became known
         self.local_join: Request | None = None
         self.abort = False  # set rank 0 decided to abort on a stall
@@ -60,22 +59,3 @@ class _SetState:
         if self.fusion.nbytes < need:
             self.fusion = np.empty(max(need, 2 * self.fusion.nbytes), dtype=np.uint8)
         return self.fusion[:need].view(dtype)
-
-
-class EngineCore:
-    """What `Engine.__init__` sets and every part of the engine (negotiation, execution, stall inspection)
-    reads; declared here so each part can be read, and type-checked, on its own."""
-
-    settings: EngineSettings
-    stats: dict[str, int]
-    world_rank: int
-    world_size: int
-    _lock: threading.Lock
-    _mpi: Any
-    _closed: bool
-    _stop_reason: str | None
-    _sets: dict[int, _SetState]
-    _device: Any  # DevicePlane, built on the first device batch
-    _buffer: Any
-    _chunk: int
-    _shm_slot: int

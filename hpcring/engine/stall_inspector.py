@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import logging
 
-from hpcring.collective.engine.state import EngineCore, _SetState
+from hpcring.engine.engine_state import EngineState
+from hpcring.engine.set_state import SetState
 
 log = logging.getLogger("hpcring.engine")
 
@@ -13,12 +14,15 @@ log = logging.getLogger("hpcring.engine")
 _STALL_CHECK_EVERY_S = 1.0
 
 
-class StallInspector(EngineCore):
-    """Mixed into `Engine`."""
+class StallInspector:
+    """Run by the negotiation on the set's rank 0, at most every _STALL_CHECK_EVERY_S."""
 
-    def _check_stalls(self, st: _SetState, now: float) -> None:
+    def __init__(self, state: EngineState) -> None:
+        self._state = state
+
+    def check(self, st: SetState, now: float) -> None:
         """Rank 0 of the set: warn about names some ranks submitted long ago; decide a stall abort."""
-        s = self.settings
+        s = self._state.settings
         if s.stall_check_disable:
             return
         lines = []

@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from hpcring.collective.engine.request import Signature
-from hpcring.collective.engine.request import drain as _drain
 from hpcring.collective.ops import ReduceOp
+from hpcring.engine.request import Signature
+from hpcring.engine.request import drain as _drain
 
 NDArray = np.ndarray[Any, Any]
 

@@ -15,8 +15,8 @@ import operator
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from hpcring.collective.engine.request import Signature
-from hpcring.collective.engine.request import drain as _drain
+from hpcring.engine.request import Signature
+from hpcring.engine.request import drain as _drain
 
 _NAME = operator.itemgetter(0)  # Signature.name
 

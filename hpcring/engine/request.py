@@ -89,10 +89,13 @@ _registry = threading.Lock()
 class Handle:
     """Completion of one request: set once by the engine thread, waited on by the caller."""
 
-    __slots__ = ("_done", "_error", "_gates", "_result", "name")
+    __slots__ = ("_done", "_error", "_gates", "_result", "event", "name")
 
     def __init__(self, name: str) -> None:
         self.name = name
+        # Device routes: the event recorded on the communication stream after the request's batch. The
+        # handle completes when the work is queued; whoever consumes the result waits for this event.
+        self.event: Any = None
         self._done = False
         self._result: Any = None
         self._error: BaseException | None = None
@@ -195,7 +198,7 @@ class Request:
     A slotted class with a plain `__init__`: one is built per tensor per step.
     """
 
-    __slots__ = ("handle", "output", "process_set_id", "sig", "splits", "submitted_at", "tensor")
+    __slots__ = ("handle", "output", "process_set_id", "ready", "sig", "splits", "submitted_at", "tensor")
 
     def __init__(
         self,
@@ -206,6 +209,7 @@ class Request:
         splits: NDArray | None = None,
         handle: Handle | None = None,
         submitted_at: float | None = None,
+        ready: Any = None,
     ) -> None:
         self.sig = sig
         self.process_set_id = process_set_id
@@ -218,6 +222,7 @@ class Request:
             handle.name = sig.name
         self.handle = handle
         self.submitted_at = time.monotonic() if submitted_at is None else submitted_at
+        self.ready = ready  # device routes: an event on the stream that produced the tensor
 
     def __repr__(self) -> str:
         return f"Request({self.sig!r}, process_set_id={self.process_set_id})"

@@ -6,10 +6,10 @@ package does not import mpi4py or torch (the engine loads them when it starts).
 
 from __future__ import annotations
 
-from hpcring.collective.engine.engine import Engine
-from hpcring.collective.engine.process_sets import ProcessSet, global_process_set
-from hpcring.collective.engine.request import Handle, OpType, Request, Signature, signature_shape
-from hpcring.collective.engine.responses import numpy_dtype
+from hpcring.engine.engine import Engine
+from hpcring.engine.process_sets import ProcessSet, global_process_set
+from hpcring.engine.request import Handle, OpType, Request, Signature, signature_shape
+from hpcring.engine.responses import numpy_dtype
 
 __all__ = [
     "Engine",

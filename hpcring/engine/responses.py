@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from hpcring.collective.engine.request import OpType, Request, Signature
+from hpcring.engine.request import OpType, Request, Signature
 
 
 @functools.lru_cache(maxsize=64)

@@ -1,14 +1,14 @@
 """Where a CPU training step's time goes, phase by phase, with the page faults each phase takes.
 
-    hpcring run -np 2 -- python benchmarks/bench_heap.py --model resnet
-    HPCRING_HEAP_TUNING=0 hpcring run -np 2 -- python benchmarks/bench_heap.py --model resnet
+    hpcring run -np 2 -- python benchmarks/bench_malloc_policy.py --model resnet
+    HPCRING_HEAP_TUNING=0 hpcring run -np 2 -- python benchmarks/bench_malloc_policy.py --model resnet
 
 Two copies of one model train in the same process on the same batches, steps alternating: `plain` (torch's
 SGD, no communication) and `distopt` (hpcring's DistributedOptimizer). For each phase (forward, backward,
 synchronize, the optimizer's step) rank 0 prints the median wall time and the median number of minor page
 faults its main thread took (`getrusage(RUSAGE_THREAD)`). The allocator's thresholds are process-wide, so
-the two settings of `HPCRING_HEAP_TUNING` (hpcring/heap.py) take two launches; `plain` is the control for
-the machine's load in each. This is the profile behind docs/engine.md, "The heap".
+the two settings of `HPCRING_HEAP_TUNING` (hpcring/malloc_policy.py) take two launches; `plain` is the
+control for the machine's load in each. This is the profile behind docs/engine.md, "The heap".
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 import hpcring.torch as hvd
-from hpcring import heap
+from hpcring import malloc_policy
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import ddp_models  # benchmarks/ is not a package: its directory is put on the path above
@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             phases = _step(*trainers[name], x, y)
             if i >= args.warmup:
                 rows[name].append(phases)
-    result: dict[str, Any] = {"size": hvd.size(), "model": args.model, "heap": heap.state()}
+    result: dict[str, Any] = {"size": hvd.size(), "model": args.model, "heap": malloc_policy.state()}
     for name, steps in rows.items():
         result[name] = {
             phase: {

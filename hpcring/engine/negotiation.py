@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import time
 from itertools import repeat
+from typing import Any
 
 import numpy as np
 
-from hpcring.collective.engine.bits import (
+from hpcring.collective.progress import wait_polled
+from hpcring.engine.bitvector import (
     _ALL_FLAGS,
     _NO_ABORT,
     _NO_NEW,
@@ -18,20 +20,25 @@ from hpcring.collective.engine.bits import (
     _pack_bits,
     _unpack_bits,
 )
-from hpcring.collective.engine.joined import _NO_STAND_IN
-from hpcring.collective.engine.request import CACHEABLE, OpType, Signature
-from hpcring.collective.engine.responses import _ALLREDUCE, _JOIN, _REQ_SIG, Response, _response
-from hpcring.collective.engine.stall import _STALL_CHECK_EVERY_S, StallInspector
-from hpcring.collective.engine.state import _Entry, _SetState
-from hpcring.collective.engine.timeline import Timeline
-from hpcring.collective.engine.validation import check_agreement
-from hpcring.collective.progress import wait_polled
+from hpcring.engine.engine_state import EngineState
+from hpcring.engine.joined import _NO_STAND_IN
+from hpcring.engine.request import CACHEABLE, OpType, Signature
+from hpcring.engine.responses import _ALLREDUCE, _JOIN, _REQ_SIG, Response, _response
+from hpcring.engine.set_state import Entry, SetState
+from hpcring.engine.stall_inspector import _STALL_CHECK_EVERY_S, StallInspector
+from hpcring.engine.table_check import check_agreement
+from hpcring.engine.timeline import Timeline
 
 
-class Negotiation(StallInspector):
-    """Mixed into `Engine`; runs on the engine thread only."""
+class Negotiator:
+    """Steps 1 and 2 of a cycle for one set at a time; runs on whichever thread runs the cycle."""
 
-    def _agree(self, st: _SetState, flags: int, hit: int, absent: int) -> tuple[int, int, int]:
+    def __init__(self, state: EngineState, mpi: Any) -> None:
+        self._state = state
+        self._mpi = mpi
+        self._stalls = StallInspector(state)
+
+    def _agree(self, st: SetState, flags: int, hit: int, absent: int) -> tuple[int, int, int]:
         """Bitwise AND over the set's ranks of this rank's (flags, hit, absent) words (see `_vector`).
 
         The bit sets travel as Python ints serialised little-endian: a few byte conversions instead of a loop
@@ -51,8 +58,8 @@ class Negotiation(StallInspector):
             int.from_bytes(raw[8 + nbytes :], "little"),
         )
 
-    def _intake(self, st: _SetState, timeline: Timeline | None, now: float) -> None:
-        with self._lock:
+    def _intake(self, st: SetState, timeline: Timeline | None, now: float) -> None:
+        with self._state.lock:
             new, st.incoming = st.incoming, []
         if len(new) == 1 and timeline is None:  # the latency path
             bit = st.cache.lookup(new[0].sig)  # None for anything never cached (join, barrier, ...)
@@ -86,23 +93,24 @@ class Negotiation(StallInspector):
                     outbox.append(req)
         # Cached requests waiting long go through the table, where the stall inspector can name missing ranks.
         # Scanned a few times per patience period, not every cycle (a fused step keeps hundreds cached).
-        patience = self.settings.stall_check_time_s / 2
+        settings = self._state.settings
+        patience = settings.stall_check_time_s / 2
         scan_due = now - st.last_patience_scan > patience / 4
-        if cached_wait and scan_due and not self.settings.stall_check_disable:
+        if cached_wait and scan_due and not settings.stall_check_disable:
             st.last_patience_scan = now
             for bit, req in list(cached_wait.items()):
                 if now - req.submitted_at > patience:
                     del cached_wait[bit]
                     outbox.append(req)
 
-    def _vector(self, st: _SetState) -> tuple[int, int, int]:
+    def _vector(self, st: SetState) -> tuple[int, int, int]:
         """This rank's (flags, hit, absent). Bit b of `hit`: "I have cached request b pending (or joined)";
         of `absent`: "I do not have it". After the AND over ranks, hit & ~absent = ready and wanted by some
         rank."""
         flags = _ALL_FLAGS
         if st.outbox:
             flags &= ~_NO_NEW
-        if st.id == 0 and self._closed:
+        if st.id == 0 and self._state.closed:
             flags &= ~_NO_SHUTDOWN
         if st.abort:
             flags &= ~_NO_ABORT
@@ -121,7 +129,7 @@ class Negotiation(StallInspector):
             hit |= _pack_bits(agree, len(agree))
         return flags, hit, absent
 
-    def _negotiate(self, st: _SetState, timeline: Timeline | None) -> tuple[list[Response], int]:
+    def negotiate(self, st: SetState, timeline: Timeline | None) -> tuple[list[Response], int]:
         """Steps 1 and 2 of the module docstring; returns (ready responses, agreed flags)."""
         now = time.monotonic()
         self._intake(st, timeline, now)
@@ -138,18 +146,18 @@ class Negotiation(StallInspector):
             columns = zip(sigs, locals_, repeat(None), repeat(None), repeat(ready_at), bits)
             responses = list(map(_response, columns))
         st.ready_key = (ready, st.cache.version, len(responses)) if ready else None
-        self.stats["cache_hits"] += len(responses)
+        self._state.stats["cache_hits"] += len(responses)
         if not flags & _NO_NEW:
             self._exchange(st, timeline, now)
         responses.extend(self._table_ready(st, timeline))
         if st.rank == 0 and now - st.last_stall_check > _STALL_CHECK_EVERY_S:
             st.last_stall_check = now
-            self._check_stalls(st, now)
+            self._stalls.check(st, now)
         return responses, flags
 
-    def _exchange(self, st: _SetState, timeline: Timeline | None, now: float) -> None:
+    def _exchange(self, st: SetState, timeline: Timeline | None, now: float) -> None:
         """Allgather the new signatures (with how long each waited) into the identical table on every rank."""
-        self.stats["exchanges"] += 1
+        self._state.stats["exchanges"] += 1
         mine, st.outbox = st.outbox, []
         payload = [(req.sig, now - req.submitted_at) for req in mine]
         for req in mine:
@@ -167,7 +175,7 @@ class Negotiation(StallInspector):
                     st.outbox.append(st.cached_wait.pop(bit))
                 entry = st.table.get(sig.name)
                 if entry is None:
-                    entry = st.table[sig.name] = _Entry({}, now - waited)
+                    entry = st.table[sig.name] = Entry({}, now - waited)
                     if timeline is not None and sig.name not in st.negotiating:
                         st.negotiating.add(sig.name)
                         timeline.begin(sig.name, f"NEGOTIATE_{sig.op_type.name}", when=now - waited)
@@ -176,7 +184,7 @@ class Negotiation(StallInspector):
                 if timeline is not None:
                     timeline.instant(sig.name, f"rank {st.ranks[r]} ready", args={"rank": st.ranks[r]})
 
-    def _table_ready(self, st: _SetState, timeline: Timeline | None) -> list[Response]:
+    def _table_ready(self, st: SetState, timeline: Timeline | None) -> list[Response]:
         if not st.table and not st.joined:
             return []
         everyone = set(range(st.size))
@@ -197,7 +205,7 @@ class Negotiation(StallInspector):
             if error is None and refused:
                 error = self._join_refusal(st, sig, joined)
             out.append(Response(sig, st.announced.pop(name, None), error, None, time.monotonic()))
-            self.stats["table_ready"] += 1
+            self._state.stats["table_ready"] += 1
         if st.joined and len(joined) == st.size:
             last = st.ranks[st.joined[-1]]
             local = st.local_join
@@ -207,7 +215,7 @@ class Negotiation(StallInspector):
         return out
 
     @staticmethod
-    def _join_refusal(st: _SetState, sig: Signature, joined: set[int]) -> str:
+    def _join_refusal(st: SetState, sig: Signature, joined: set[int]) -> str:
         """The error for an op that ranks `joined` cannot stand in for, raised on every rank that submitted
         it (Horovod's rule and wording)."""
         who = ", ".join(str(st.ranks[r]) for r in sorted(joined))

@@ -1,28 +1,25 @@
 """The background engine: one thread per process that negotiates, fuses and runs named collectives.
 
-Framework calls `submit()` a Request and get a Handle back at once. Every `cycle_time_ms` the engine thread
-runs one negotiation cycle per process set this rank belongs to (in increasing set id, so two sets can never
-wait on each other), using only the set's own duplicated communicator and only from this thread (so a user's
-MPI calls on their own communicators, from their own threads, never interleave with ours):
+Framework code calls `submit()` with a Request and gets a Handle back at once. Every `cycle_time_ms` the
+engine thread runs one cycle per process set this rank belongs to (in increasing set id, so two sets can
+never wait on each other), using only the set's own duplicated communicator and only from the thread running
+the cycle (so a user's MPI calls on their own communicators never interleave with ours):
 
 1. one allreduce (bitwise AND) of a few 64-bit words: flags ("I have new requests", "shut down", "stall
    abort") and, per response-cache bit, "I have this cached request pending" / "I do not have it"; requests
    every rank has pending with an identical cached signature are ready with no further exchange;
-2. only when some rank has new (uncached) requests: one allgather of their small signatures; every rank adds
-   them to an identical table; a name is ready when every rank (or every rank that has not joined) submitted
+2. only when some rank has new (uncached) requests: one allgather of their small signatures into a table
+   identical on every rank; a name is ready when every rank (or every rank that has not joined) submitted
    it, and then it is validated: a disagreement becomes an error response, raised on every rank;
 3. ready responses execute in the same order on every rank; consecutive compatible allreduces are packed into
-   a persistent fusion buffer up to `fusion_threshold` bytes; data moves through `hpcring.collective`
-   (validate=False: validation happened in step 2).
+   fusion batches up to `fusion_threshold` bytes and moved by the host plane (numpy, MPI) or the device plane
+   (torch tensors on a device).
 
-The table is identical on every rank, so stall detection (on the set's rank 0) can name the missing ranks;
-cached requests that wait too long are re-announced through the table so they are reported too.
-
-This file holds the thread, its lifecycle, the public API and process sets; the rest, one concern a file,
-in reading order: `request.py` (what is queued), `state.py` (per-set state), `bits.py` (the negotiation
-vector), `negotiation.py` (steps 1-2), `stall.py`, `responses.py` (responses and the fusion plan),
-`execution.py` (step 3, the hot path), `buffers.py` (zero-copy views, unpacking), `joined.py` (neutral
-values), `agreement.py` (settings checked at start), `device.py` (the device data plane)."""
+The parts, each built with the shared `EngineState` and nothing else of the engine's: `Negotiator` (steps 1
+and 2, with the `StallInspector`), `Executor` (step 3, with `HostPlane` and `DevicePlane`), `CallerCycles`
+(a waiting thread running the cycle itself). This class owns the thread, the lifecycle, the public API and
+the process sets.
+"""
 
 from __future__ import annotations
 
@@ -36,37 +33,28 @@ import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from hpcring.collective.algorithms.ring import DEFAULT_CHUNK_BYTES
-from hpcring.collective.algorithms.shm import slot_limit
-from hpcring.collective.engine import phases
-from hpcring.collective.engine.agreement import _check_settings_agree
-from hpcring.collective.engine.bits import _NO_ABORT, _NO_SHUTDOWN
-from hpcring.collective.engine.device import DevicePlane
-from hpcring.collective.engine.execution import Execution
-from hpcring.collective.engine.inline import Inline, wake_deferred
-from hpcring.collective.engine.negotiation import Negotiation
-from hpcring.collective.engine.request import Handle, OpType, Request, Signature
-from hpcring.collective.engine.responses import (
-    _REQ_SET,
-    _SIG_NAME,
-    Response,
-    numpy_dtype,
-    plan_batches,
-    plan_indices,
-)
-from hpcring.collective.engine.state import _SetState
-from hpcring.collective.engine.timeline import Timeline
+from hpcring.collective import kernels
 from hpcring.collective.selection import chunk_bytes
 from hpcring.config import ALGORITHMS, EngineSettings
+from hpcring.engine.bitvector import _NO_ABORT, _NO_SHUTDOWN
+from hpcring.engine.caller_cycles import CallerCycles, _DeferredWake, wake_deferred
+from hpcring.engine.engine_state import EngineState
+from hpcring.engine.execution import Executor
+from hpcring.engine.host_plane import HostPlane
+from hpcring.engine.negotiation import Negotiator
+from hpcring.engine.request import Handle, OpType, Request, Signature
+from hpcring.engine.responses import _REQ_SET, _SIG_NAME
+from hpcring.engine.set_state import SetState
+from hpcring.engine.settings_check import check_settings_agree
+from hpcring.engine.timeline import Timeline
 from hpcring.errors import CollectiveError, ConfigError, choices
 
 log = logging.getLogger("hpcring.engine")
 
-
 _IDLE_WAIT_S = 0.02
 
 
-class Engine(Negotiation, Execution, Inline):
+class Engine:
     """The per-process engine. Construct on the main thread (collective over the world); then use `submit`."""
 
     def __init__(
@@ -81,62 +69,67 @@ class Engine(Negotiation, Execution, Inline):
                 f"nodes; allowed here: {choices(a for a in ALGORITHMS if a != 'shm')}"
             )
         self._mpi = mpi()
-        self.settings = settings
         self.world_rank: int = world.rank
         self.world_size: int = world.size
-        self._lock = threading.Lock()
+        self._state = state = EngineState(settings)
         # Wake-up tokens for the engine thread: a C queue, so a submit wakes it with one hand-off (a Condition
         # would wake it while the submitter still holds the lock, costing a second switch).
         self._wake: queue.SimpleQueue[None] = queue.SimpleQueue()
-        self._sets: dict[int, _SetState] = {}
         self._set_ranks: dict[int, tuple[int, ...]] = {}  # every registered set, member or not
         self._next_set_id = 1
         self._stop_reason: str | None = None
         self._stopped = False  # the engine thread has ended (set under the lock; read on every submit)
-        self._closed = False
-        self._init_inline()
+        self._shutdown_called = False
         self._cycle_no = 0
         self._tunes = 0  # Engine.tune calls on this rank: numbers their names
-        self._timeline: Timeline | None = None
-        self._chunk = chunk_bytes(DEFAULT_CHUNK_BYTES)  # ring pipelining chunk, read once
-        self._shm_slot = slot_limit()  # largest fused batch through shared memory, read once
-        _check_settings_agree(world.comm, settings, self._chunk, self._shm_slot)
-        self._buffer = self._mpi.buffer  # an array's memory: address, size, read-only flag (zero-copy check)
-        self._device: DevicePlane | None = None  # batches of device tensors (device.py), built on first use
-        # Counters for tests and benchmarks (written by whichever thread holds the cycle lock).
-        self.stats = {
-            "cycles": 0,
-            "exchanges": 0,
-            "cache_hits": 0,
-            "table_ready": 0,
-            "batches": 0,
-            "fused": 0,
-            "no_pack": 0,  # fused batches reduced straight from the callers' adjacent inputs
-            "no_unpack": 0,  # fused batches reduced straight into the callers' adjacent outputs
-            "shm": 0,  # fused batches and contiguous requests reduced through the node's shared memory
-            "tunes": 0,  # Engine.tune requests applied
-            "inline": 0,  # waits whose cycles the waiting thread ran itself (inline.py)
-        }
+        chunk = chunk_bytes(kernels.DEFAULT_CHUNK_BYTES)  # ring pipelining chunk, read once
+        shm_slot = kernels.slot_limit()  # largest fused batch through shared memory, read once
+        check_settings_agree(world.comm, settings, kernels.wire_settings(chunk, shm_slot))
+        self._negotiator = Negotiator(state, self._mpi)
+        self._executor = Executor(state, HostPlane(state, chunk, shm_slot, self._mpi.buffer), self)
+        self._caller = CallerCycles(state, self._wake, self._cycle)
         self._configure_logging()
         root = world.subset(range(world.size))  # the engine's own communicators, never the caller's
         self._register(0, tuple(range(world.size)), root)
         for ranks in static_sets:
-            self._create_set(tuple(sorted(int(r) for r in ranks)))
+            self.create_set(tuple(sorted(int(r) for r in ranks)))
         if settings.timeline:
             self.start_timeline(settings.timeline, settings.timeline_mark_cycles)
         self._thread = threading.Thread(target=self._run, name="hpcring-engine", daemon=True)
         self._thread.start()
         atexit.register(_shutdown_at_exit, weakref.ref(self))
 
+    # ------------------------------------------------------------------ what callers read
+
+    @property
+    def settings(self) -> EngineSettings:
+        """The settings in force (an agreed `tune` changes them)."""
+        return self._state.settings
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """Counters for tests and benchmarks."""
+        return self._state.stats
+
+    @property
+    def device_plane(self) -> Any:
+        """The device data plane, once a device batch has run (None before)."""
+        return self._executor.device
+
+    @property
+    def running(self) -> bool:
+        return not self._stopped
+
     # ------------------------------------------------------------------ public API (caller threads)
 
     def submit(self, req: Request) -> Handle:
         """Queue a request; ValueError for a name already in flight in its process set on this rank."""
         name = req.sig.name
-        with self._lock:
-            if self._closed or self._stopped:
+        state = self._state
+        with state.lock:
+            if state.closed or self._stopped:
                 raise self._shut_down()
-            st = self._sets.get(req.process_set_id) or self._member_state(req.process_set_id)
+            st = state.sets.get(req.process_set_id) or self._member_state(req.process_set_id)
             if name in st.inflight:
                 raise _duplicate(name)
             st.inflight[name] = req
@@ -150,11 +143,12 @@ class Engine(Negotiation, Execution, Inline):
         allreduce) becomes ready, and is fused, together. Nothing is queued if any request is refused."""
         names = list(map(_SIG_NAME, reqs))
         set_ids = list(map(_REQ_SET, reqs))
-        with self._lock:
-            if self._closed or self._stopped:
+        state = self._state
+        with state.lock:
+            if state.closed or self._stopped:
                 raise self._shut_down()
             if names and set_ids.count(set_ids[0]) == len(set_ids):  # one set: C-level checks and inserts
-                st = self._sets.get(set_ids[0]) or self._member_state(set_ids[0])
+                st = state.sets.get(set_ids[0]) or self._member_state(set_ids[0])
                 inflight = st.inflight
                 if len(set(names)) != len(names) or not inflight.keys().isdisjoint(names):
                     raise _duplicate(_first_duplicate(names, inflight))
@@ -165,12 +159,24 @@ class Engine(Negotiation, Execution, Inline):
         if not wake_deferred():
             self._wake.put(None)
 
+    def deferred_wake(self) -> _DeferredWake:
+        """Submits inside the block leave the engine thread asleep: the caller runs `run_inline` next."""
+        return self._caller.deferred_wake()
+
+    def run_inline(self, handle: Handle, deferred: bool = False) -> None:
+        """Run the cycle on this thread until `handle` is done, when allowed (`caller_cycles.py`)."""
+        self._caller.run_inline(handle, deferred)
+
+    def wake(self) -> None:
+        """Wake the engine thread (after `deferred_wake`, when the caller does not run the cycle itself)."""
+        self._wake.put(None)
+
     def _shut_down(self) -> CollectiveError:
         return CollectiveError(f"hpcring engine is shut down ({self._stop_reason or 'shutdown() called'})")
 
     def _submit_mixed(self, reqs: Sequence[Request], names: list[str], set_ids: list[int]) -> None:
         """submit_many for requests of several process sets (engine lock held)."""
-        sets = self._sets
+        sets = self._state.sets
         seen: set[tuple[int, str]] = set()
         for sid, name in zip(set_ids, names, strict=True):
             st = sets.get(sid) or self._member_state(sid)
@@ -182,8 +188,8 @@ class Engine(Negotiation, Execution, Inline):
             st.inflight[name] = req
             st.incoming.append(req)
 
-    def _member_state(self, set_id: int) -> _SetState:
-        st = self._sets.get(set_id)
+    def _member_state(self, set_id: int) -> SetState:
+        st = self._state.sets.get(set_id)
         if st is not None:
             return st
         if set_id in self._set_ranks:
@@ -195,7 +201,7 @@ class Engine(Negotiation, Execution, Inline):
 
     def set_ranks(self, set_id: int) -> tuple[int, ...]:
         """World ranks of a registered process set."""
-        with self._lock:
+        with self._state.lock:
             if set_id not in self._set_ranks:
                 raise ValueError(f"process set {set_id} is not registered (removed, or never added)")
             return self._set_ranks[set_id]
@@ -203,7 +209,7 @@ class Engine(Negotiation, Execution, Inline):
     def find_set(self, ranks: Sequence[int]) -> int | None:
         """Id of a registered set with exactly these ranks."""
         wanted = tuple(sorted(ranks))
-        with self._lock:
+        with self._state.lock:
             for sid, rs in self._set_ranks.items():
                 if rs == wanted:
                     return sid
@@ -212,15 +218,15 @@ class Engine(Negotiation, Execution, Inline):
     def tune(self, fusion_threshold: int | None = None, cycle_time_ms: float | None = None) -> Handle:
         """Change the fusion threshold (bytes) and cycle time (ms) of the running engine: the hook an
         autotuner drives. Collective over the global set, negotiated like any op: every rank calls it (the
-        same number of times, in its op sequence), and the values of the global set's rank 0 are applied
-        on every rank when the request executes, so batches planned after it use the new threshold on every
-        rank (the fusion layout must agree) and batches planned before it the old one. Other ranks may pass
-        None. None on rank 0 keeps that setting. The handle's result is the (fusion_threshold,
-        cycle_time_ms) now in force. ValueError for a negative value."""
+        same number of times, in its op sequence), and the values of the global set's rank 0 are applied on
+        every rank when the request executes, so batches planned after it use the new threshold on every rank
+        (the fusion layout must agree). Other ranks may pass None; None on rank 0 keeps that setting. The
+        handle's result is the (fusion_threshold, cycle_time_ms) now in force. ValueError for a negative
+        value."""
         for what, value in (("fusion_threshold", fusion_threshold), ("cycle_time_ms", cycle_time_ms)):
             if value is not None and (isinstance(value, bool) or not value >= 0):
                 raise ValueError(f"Engine.tune: {what} must be a number >= 0 or None, got {value!r}")
-        with self._lock:
+        with self._state.lock:
             self._tunes += 1
             name = f"engine.tune.{self._tunes}"
         extra = (
@@ -228,26 +234,6 @@ class Engine(Negotiation, Execution, Inline):
             -1 if cycle_time_ms is None else round(cycle_time_ms * 1000),
         )
         return self.submit(Request(Signature(name, OpType.TUNE, extra=extra), 0))
-
-    def _apply_tuning(self, extra: tuple[int, ...]) -> tuple[int, float]:
-        """Engine thread, executing an agreed TUNE response: the new settings, and forget remembered fusion
-        plans (they were made with the old threshold)."""
-        threshold, cycle_us = extra
-        changes: dict[str, Any] = {}
-        if threshold >= 0:
-            changes["fusion_threshold"] = threshold
-        if cycle_us >= 0:
-            changes["cycle_time_ms"] = cycle_us / 1000
-        self.settings = dataclasses.replace(self.settings, **changes)
-        for st in self._sets.values():
-            st.plan_memo = None
-        self.stats["tunes"] += 1
-        in_force = self.settings.fusion_threshold, self.settings.cycle_time_ms
-        timeline = self._timeline
-        if timeline is not None:  # the autotuner's switches are visible in the trace, on their own row
-            args = {"fusion_threshold": in_force[0], "cycle_time_ms": in_force[1]}
-            timeline.instant("engine.tune", "TUNE", args=args)
-        return in_force
 
     def start_timeline(self, path: str, mark_cycles: bool = False) -> None:
         """Start writing a Chrome trace.
@@ -260,25 +246,26 @@ class Engine(Negotiation, Execution, Inline):
         if "{rank}" not in path and job_rank != 0:
             return
         timeline = Timeline(path.replace("{rank}", str(job_rank)), mark_cycles=mark_cycles, rank=job_rank)
-        with self._lock:
-            old, self._timeline = self._timeline, timeline
+        with self._state.lock:
+            old, self._state.timeline = self._state.timeline, timeline
         if old is not None:
             old.close()
-        phases.set_listener(self._phase_listener)
 
     def stop_timeline(self) -> None:
         """Close the trace file (the JSON array is terminated so the file is valid JSON)."""
-        with self._lock:
-            old, self._timeline = self._timeline, None
+        with self._state.lock:
+            old, self._state.timeline = self._state.timeline, None
         if old is not None:
             old.close()
 
     def shutdown(self, reason: str = "shutdown() called on this rank", timeout: float = 60.0) -> None:
         """Stop the engine on every rank (the request propagates in the next cycle), fail pending requests."""
-        with self._lock:
-            if self._closed:
+        state = self._state
+        with state.lock:
+            if self._shutdown_called:
                 return
-            self._closed = True
+            self._shutdown_called = True
+            state.closed = True
             if self._stop_reason is None:
                 self._stop_reason = reason
         self._wake.put(None)
@@ -287,25 +274,14 @@ class Engine(Negotiation, Execution, Inline):
             log.error("engine thread did not stop within %.0f s (a peer rank may have died)", timeout)
             return
         self.stop_timeline()
-        phases.set_listener(None)
-        if self._device is not None:
-            self._device.close()
-        for st in self._sets.values():
+        self._executor.close()
+        for st in state.sets.values():
             st.topology.free()
-        self._sets.clear()
+        state.sets.clear()
 
-    @property
-    def running(self) -> bool:
-        return not self._stopped
+    # ------------------------------------------------------------------ control operations (agreed)
 
-    # ------------------------------------------------------------------ process sets
-
-    def _register(self, set_id: int, ranks: tuple[int, ...], topology: Any) -> None:
-        self._set_ranks[set_id] = ranks
-        if topology is not None:
-            self._sets[set_id] = _SetState(set_id, ranks, topology, self.settings)
-
-    def _create_set(self, ranks: tuple[int, ...]) -> int:
+    def create_set(self, ranks: tuple[int, ...]) -> int:
         """Register a set on every rank (members create its communicators); returns its id."""
         if not ranks or any(not 0 <= r < self.world_size for r in ranks) or len(set(ranks)) != len(ranks):
             raise ConfigError(
@@ -313,27 +289,54 @@ class Engine(Negotiation, Execution, Inline):
             )
         set_id = self._next_set_id
         self._next_set_id += 1
-        topo = self._sets[0].topology.subset(ranks) if self.world_rank in ranks else None
-        with self._lock:
+        topo = self._state.sets[0].topology.subset(ranks) if self.world_rank in ranks else None
+        with self._state.lock:
             self._register(set_id, ranks, topo)
         return set_id
 
-    def _remove_set(self, set_id: int) -> None:
-        with self._lock:
-            st = self._sets.pop(set_id, None)
+    def remove_set(self, set_id: int) -> None:
+        """Unregister a set on every rank, failing what is pending in it."""
+        with self._state.lock:
+            st = self._state.sets.pop(set_id, None)
             self._set_ranks.pop(set_id, None)
         if st is not None:
             self._fail_set(st, f"process set {set_id} was removed while this request was pending")
-            if self._device is not None:
-                self._device.release(set_id)
+            self._executor.release(set_id)
             st.topology.free()
+
+    def apply_tuning(self, extra: tuple[int, ...]) -> tuple[int, float]:
+        """An agreed TUNE response: the new settings, and forget remembered fusion plans (they were made
+        with the old threshold)."""
+        state = self._state
+        threshold, cycle_us = extra
+        changes: dict[str, Any] = {}
+        if threshold >= 0:
+            changes["fusion_threshold"] = threshold
+        if cycle_us >= 0:
+            changes["cycle_time_ms"] = cycle_us / 1000
+        state.settings = dataclasses.replace(state.settings, **changes)
+        for st in state.sets.values():
+            st.plan_memo = None
+        state.stats["tunes"] += 1
+        in_force = state.settings.fusion_threshold, state.settings.cycle_time_ms
+        timeline = state.timeline
+        if timeline is not None:  # the autotuner's switches are visible in the trace, on their own row
+            args = {"fusion_threshold": in_force[0], "cycle_time_ms": in_force[1]}
+            timeline.instant("engine.tune", "TUNE", args=args)
+        return in_force
+
+    def _register(self, set_id: int, ranks: tuple[int, ...], topology: Any) -> None:
+        self._set_ranks[set_id] = ranks
+        if topology is not None:
+            self._state.sets[set_id] = SetState(set_id, ranks, topology, self._state.settings)
 
     # ------------------------------------------------------------------ the thread
 
     def _configure_logging(self) -> None:
         root = logging.getLogger("hpcring")
-        level = {"trace": logging.DEBUG, "fatal": logging.CRITICAL}.get(self.settings.log_level)
-        root.setLevel(level or getattr(logging, self.settings.log_level.upper()))
+        level_name = self._state.settings.log_level
+        level = {"trace": logging.DEBUG, "fatal": logging.CRITICAL}.get(level_name)
+        root.setLevel(level or getattr(logging, level_name.upper()))
         if not root.handlers:
             handler = logging.StreamHandler()
             handler.setFormatter(
@@ -342,47 +345,49 @@ class Engine(Negotiation, Execution, Inline):
             root.addHandler(handler)
 
     def _run(self) -> None:
+        caller = self._caller
         try:
             woken = False
             while True:
                 start = time.monotonic()
-                with self._cycle_lock:  # a caller may be running the cycle itself (inline.py)
-                    if self._take_inline_end():
+                with caller.lock:  # a caller may be running the cycle itself
+                    if caller.take_end():
                         break
-                    if not (woken and self._nothing_to_do()) and self._cycle():
+                    if not (woken and caller.nothing_to_do()) and self._cycle():
                         break
-                woken = self._sleep(start, self.settings.cycle_time_ms / 1000.0)  # tune may change it
+                woken = self._sleep(start, self._state.settings.cycle_time_ms / 1000.0)
         except BaseException as exc:  # the thread must never die silently: callers would wait forever
             log.exception("hpcring engine thread failed")
             self._stop_reason = f"engine thread failed: {exc!r}"
         finally:
-            with self._lock:
+            with self._state.lock:
                 self._stopped = True
-                sets = list(self._sets.values())
+                sets = list(self._state.sets.values())
             for st in sets:
                 self._fail_set(st, f"hpcring shut down: {self._stop_reason or 'a rank shut down'}")
 
     def _sleep(self, start: float, period: float) -> bool:
         """Wait for the next cycle; True when a submit woke an idle thread (the submitter may have run the
-        cycle itself meanwhile, inline.py), False when the cycle is due anyway.
+        cycle itself meanwhile), False when the cycle is due anyway.
 
         With requests in flight the next cycle starts `period` after this one (the fusion window: requests
         submitted meanwhile are negotiated together). With nothing in flight on this rank the thread waits for
         a submit, which wakes it at once (a lone synchronous op does not pay the window), or _IDLE_WAIT_S at
         most (shutdown and stall checks). It does not run idle cycles on the `period` clock: nothing a peer
-        waits for can complete before this rank submits it, and an idle cycle that happens to start just
-        before a submission pairs (negotiation is collective, cycle by cycle) with a peer's cycle that
-        carries the request, which then waits a whole period for the next one.
+        waits for can complete before this rank submits it, and an idle cycle that starts just before a
+        submission pairs (negotiation is collective, cycle by cycle) with a peer's cycle that carries the
+        request, which then waits a whole period for the next one.
         """
         wake = self._wake
         while not wake.empty():  # tokens of submissions this cycle already took in
             wake.get_nowait()
-        with self._lock:
-            if self._closed:
+        state = self._state
+        with state.lock:
+            if state.closed:
                 return False
-            if any(st.incoming for st in self._sets.values()):
+            if any(st.incoming for st in state.sets.values()):
                 return False
-            locally_idle = not self._work_pending()
+            locally_idle = not state.work_pending()
         if locally_idle:
             try:  # a submit after the check above left a token: no wait
                 wake.get(timeout=max(period, _IDLE_WAIT_S))
@@ -396,14 +401,15 @@ class Engine(Negotiation, Execution, Inline):
 
     def _cycle(self) -> bool:
         """One negotiation cycle over every set this rank is in; True when the engine must stop."""
+        state = self._state
         self._cycle_no += 1
-        self.stats["cycles"] += 1
-        timeline = self._timeline
-        for set_id in sorted(self._sets):
-            st = self._sets.get(set_id)
+        state.stats["cycles"] += 1
+        timeline = state.timeline
+        for set_id in sorted(state.sets):
+            st = state.sets.get(set_id)
             if st is None:  # removed earlier in this cycle
                 continue
-            responses, flags = self._negotiate(st, timeline)
+            responses, flags = self._negotiator.negotiate(st, timeline)
             if set_id == 0 and not flags & _NO_SHUTDOWN:
                 if self._stop_reason is None:
                     self._stop_reason = "another rank shut down hpcring (it called shutdown() or exited)"
@@ -413,25 +419,21 @@ class Engine(Negotiation, Execution, Inline):
             if responses:
                 if timeline is not None:
                     timeline.cycle(self._cycle_no)
-                self._execute(st, responses, timeline)
+                self._executor.execute(st, responses, timeline)
         return False
 
-    def _abort_stalled(self, st: _SetState) -> None:
-        with self._lock:
+    def _abort_stalled(self, st: SetState) -> None:
+        with self._state.lock:
             if self._stop_reason is None:
                 self._stop_reason = (
-                    f"a collective stalled for more than {self.settings.stall_shutdown_time_s:.0f} s in "
-                    f"process set {st.id} (HPCRING_STALL_SHUTDOWN_TIME_SECONDS); rank {st.ranks[0]} logged "
-                    "the stalled tensors"
+                    f"a collective stalled for more than {self._state.settings.stall_shutdown_time_s:.0f} s "
+                    f"in process set {st.id} (HPCRING_STALL_SHUTDOWN_TIME_SECONDS); rank {st.ranks[0]} "
+                    "logged the stalled tensors"
                 )
-            self._closed = True
+            self._state.closed = True
 
-    def _phase_listener(self, name: str, begin: bool) -> None:
-        """Called by the collective algorithms (through `phases`) to nest their stages in the timeline."""
-        phases.record(name, begin)
-
-    def _fail_set(self, st: _SetState, message: str) -> None:
-        with self._lock:
+    def _fail_set(self, st: SetState, message: str) -> None:
+        with self._state.lock:
             pending = list(st.inflight.values())
             st.inflight.clear()
             st.incoming.clear()
@@ -462,6 +464,3 @@ def _shutdown_at_exit(ref: weakref.ref[Engine]) -> None:
     engine = ref()
     if engine is not None:
         engine.shutdown("this rank's process is exiting", timeout=10.0)
-
-
-__all__ = ["Engine", "Response", "numpy_dtype", "plan_batches", "plan_indices"]

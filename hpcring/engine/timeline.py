@@ -2,10 +2,10 @@
 
 One row ("process") per tensor name, as Horovod draws it. Each request shows `NEGOTIATE_<OP>` from submission
 until every rank has submitted it (with an instant marker when each rank's submission became known), then
-`<OP>` enclosing `QUEUE`, `MEMCPY_IN_FUSION_BUFFER`, the collective itself (with the algorithm's own phases
-nested when the collective library reports them, e.g. the three hierarchical stages) and
-`MEMCPY_OUT_FUSION_BUFFER`. Events are streamed as they happen so a crashed job still leaves a readable file
-(Chrome and Perfetto accept an array without its closing bracket; `close()` writes it).
+`<OP>` enclosing `QUEUE`, `MEMCPY_IN_FUSION_BUFFER`, the collective itself (with the algorithm's own stages
+nested, reported through a `StageHook`, e.g. the three hierarchical stages) and `MEMCPY_OUT_FUSION_BUFFER`.
+Events are streamed as they happen so a crashed job still leaves a readable file (Chrome and Perfetto accept
+an array without its closing bracket; `close()` writes it).
 """
 
 from __future__ import annotations
@@ -18,6 +18,18 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import IO, Any
+
+from hpcring.collective.stages import (
+    CROSS_ALLREDUCE,
+    INTRA_ALLGATHER,
+    INTRA_REDUCE_SCATTER,
+    StageHook,
+    unobserved,
+)
+
+# A Chrome trace needs the spans of one track (pid, tid) to nest strictly, and the pipelined hierarchical
+# stages overlap, so each is drawn on its own track of the tensor's row; other spans use track 0.
+TRACKS: dict[str, int] = {INTRA_REDUCE_SCATTER: 1, CROSS_ALLREDUCE: 2, INTRA_ALLGATHER: 3}
 
 
 class _NullSpan:
@@ -181,3 +193,25 @@ class Timeline:
             )
             self._file.close()
             self._file = None
+
+
+def span(timeline: Timeline | None, names: list[str], phase: str) -> Any:
+    """`phase` on every tensor of a batch for the duration of a `with` block; nothing without a timeline."""
+    if timeline is None:
+        return NULL_SPAN
+    return timeline.span(names, phase)
+
+
+def stage_hook(timeline: Timeline | None, names: list[str]) -> StageHook:
+    """The hook a collective algorithm reports its stages to: each stage opens and closes on every tensor's
+    row, on the stage's own track."""
+    if timeline is None:
+        return unobserved
+
+    def hook(stage: str, begin: bool) -> None:
+        tid = TRACKS.get(stage, 0)
+        write = timeline.begin if begin else timeline.end
+        for name in names:
+            write(name, stage, tid=tid)
+
+    return hook

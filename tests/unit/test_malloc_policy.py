@@ -1,5 +1,5 @@
-"""hpcring/heap.py: glibc's thresholds are fixed so a training step's freed memory is reused, not faulted in
-again; the user's own allocator choices are left alone."""
+"""hpcring/malloc_policy.py: glibc's thresholds are fixed so a training step's freed memory is reused, not
+faulted in again; the user's own allocator choices are left alone."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from hpcring import heap
+from hpcring import malloc_policy
 from hpcring.errors import ConfigError
 
 # One "step": 16 blocks of 1 MiB allocated, touched and freed, after glibc has raised its dynamic mmap
@@ -19,8 +19,8 @@ from hpcring.errors import ConfigError
 _STEPS = textwrap.dedent(
     """
     import ctypes, resource, sys
-    import hpcring.heap as heap
-    print(heap.tune())
+    import hpcring.malloc_policy as malloc_policy
+    print(malloc_policy.tune())
     libc = ctypes.CDLL(None)
     libc.malloc.restype = ctypes.c_void_p
     libc.free.argtypes = [ctypes.c_void_p]
@@ -79,12 +79,12 @@ def test_tuned_heap_keeps_a_steps_memory() -> None:
     ],
 )
 def test_user_choices_are_left_alone(env: dict[str, str], reason: str) -> None:
-    skip = heap.reason_to_skip(env)
+    skip = malloc_policy.reason_to_skip(env)
     assert skip is not None and reason in skip
 
 
 def test_defaults_tune_and_bad_values_name_the_variable() -> None:
-    expected = None if _glibc() else heap.reason_to_skip({})
-    assert heap.reason_to_skip({"HPCRING_HEAP_TUNING": "1"}) == expected
+    expected = None if _glibc() else malloc_policy.reason_to_skip({})
+    assert malloc_policy.reason_to_skip({"HPCRING_HEAP_TUNING": "1"}) == expected
     with pytest.raises(ConfigError, match="HPCRING_HEAP_TUNING='maybe' is not a boolean"):
-        heap.reason_to_skip({"HPCRING_HEAP_TUNING": "maybe"})
+        malloc_policy.reason_to_skip({"HPCRING_HEAP_TUNING": "maybe"})

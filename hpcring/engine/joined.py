@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from hpcring.collective.engine.request import OpType
+from hpcring.engine.request import OpType
 
 NDArray = np.ndarray[Any, Any]
 

@@ -1,0 +1,44 @@
+"""What the engine's parts share, owned by `Engine` and handed to each part when it is built.
+
+Each part (negotiation, execution, the host and device planes, the caller-run cycle) takes this object and
+nothing else of the engine's, so a part can be read, tested and type-checked on its own."""
+
+from __future__ import annotations
+
+import threading
+
+from hpcring.config import EngineSettings
+from hpcring.engine.set_state import SetState
+from hpcring.engine.timeline import Timeline
+
+
+class EngineState:
+    """The settings in force (an agreed `tune` replaces them), the counters, the engine lock and what it
+    guards (per-set queues, the closing flag), and the timeline being written, if any."""
+
+    __slots__ = ("closed", "lock", "sets", "settings", "stats", "timeline")
+
+    def __init__(self, settings: EngineSettings) -> None:
+        self.settings = settings
+        self.lock = threading.Lock()
+        self.sets: dict[int, SetState] = {}  # the sets this rank is a member of, by id
+        self.closed = False  # shutdown requested on this rank (propagates in the next cycle)
+        self.timeline: Timeline | None = None
+        # Counters for tests and benchmarks, written by whichever thread holds the cycle lock.
+        self.stats = {
+            "cycles": 0,
+            "exchanges": 0,
+            "cache_hits": 0,
+            "table_ready": 0,
+            "batches": 0,
+            "fused": 0,
+            "no_pack": 0,  # fused batches reduced straight from the callers' adjacent inputs
+            "no_unpack": 0,  # fused batches reduced straight into the callers' adjacent outputs
+            "shm": 0,  # fused batches and contiguous requests reduced through the node's shared memory
+            "tunes": 0,  # Engine.tune requests applied
+            "inline": 0,  # waits whose cycles the waiting thread ran itself (caller_cycles.py)
+        }
+
+    def work_pending(self) -> bool:
+        """Anything in flight on this rank (engine lock held by the caller)."""
+        return any(st.inflight for st in self.sets.values())
