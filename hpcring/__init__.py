@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__version__ = "0.1.0"
+from hpcring.version import __version__
 
 # Names re-exported from hpcring.collective on first access.
 _COLLECTIVE_API = frozenset(

@@ -16,9 +16,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hpcring import __version__
 from hpcring._deps import require
 from hpcring.errors import BackendUnavailable, HpcringError
+from hpcring.version import __version__
 
 
 @dataclass

@@ -1,8 +1,10 @@
 """The collectives without checks: what the engine calls once every rank has agreed on the arguments.
 
 `api.py` checks a direct call's arguments, agrees them across ranks, then calls these. The engine negotiates
-and validates its requests itself and calls these straight away: this module is the engine's one door into
-the collective floor. Everything here works on flat numpy views over a `Topology` and does not validate.
+and validates its requests itself and calls these straight away: this module is the engine's door into the
+collective floor (besides the value modules ops, dtypes, arrays, topology and stages), and re-exports the
+few algorithm pieces the engine drives itself. Everything here works on flat numpy views over a `Topology`
+and does not validate.
 """
 
 from __future__ import annotations
@@ -28,8 +30,10 @@ from hpcring.collective.algorithms.shm import SLOT_ENV, Finish, shm_allreduce, s
 from hpcring.collective.arrays import is_tensor
 from hpcring.collective.backends.nccl import TorchTransport
 from hpcring.collective.ops import ReduceOp
+from hpcring.collective.progress import wait_polled
 from hpcring.collective.selection import (
     CHUNK_ENV,
+    HIERARCHICAL_MIN_BYTES,
     SEGMENT_ENV,
     SHM_MIN_RANKS,
     choose_algorithm,
@@ -44,12 +48,14 @@ NDArray = np.ndarray[Any, Any]
 
 __all__ = [
     "DEFAULT_CHUNK_BYTES",
+    "HIERARCHICAL_MIN_BYTES",
     "Finish",
     "TorchTransport",
     "allgather",
     "allreduce",
     "alltoall",
     "broadcast",
+    "chunk_bytes",
     "flat_allreduce",
     "parse_splits",
     "part_sizes",
@@ -57,6 +63,7 @@ __all__ = [
     "reducescatter",
     "shm_round",
     "slot_limit",
+    "wait_polled",
     "wire_settings",
 ]
 

@@ -35,9 +35,8 @@ import numpy as np
 from hpcring import _deps
 from hpcring.collective import kernels
 from hpcring.collective.arrays import numpy_view
-from hpcring.collective.kernels import TorchTransport, part_sizes
+from hpcring.collective.kernels import HIERARCHICAL_MIN_BYTES, TorchTransport, part_sizes
 from hpcring.collective.ops import ReduceOp
-from hpcring.collective.selection import HIERARCHICAL_MIN_BYTES
 from hpcring.collective.stages import (
     CROSS_ALLREDUCE,
     INTRA_ALLGATHER,

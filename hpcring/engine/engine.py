@@ -34,7 +34,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hpcring.collective import kernels
-from hpcring.collective.selection import chunk_bytes
 from hpcring.config import ALGORITHMS, EngineSettings
 from hpcring.engine.bitvector import _NO_ABORT, _NO_SHUTDOWN
 from hpcring.engine.caller_cycles import CallerCycles, _DeferredWake, wake_deferred
@@ -82,7 +81,7 @@ class Engine:
         self._shutdown_called = False
         self._cycle_no = 0
         self._tunes = 0  # Engine.tune calls on this rank: numbers their names
-        chunk = chunk_bytes(kernels.DEFAULT_CHUNK_BYTES)  # ring pipelining chunk, read once
+        chunk = kernels.chunk_bytes(kernels.DEFAULT_CHUNK_BYTES)  # ring pipelining chunk, read once
         shm_slot = kernels.slot_limit()  # largest fused batch through shared memory, read once
         check_settings_agree(world.comm, settings, kernels.wire_settings(chunk, shm_slot))
         self._negotiator = Negotiator(state, self._mpi)

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from hpcring.collective.progress import wait_polled
+from hpcring.collective.kernels import wait_polled
 from hpcring.engine.bitvector import (
     _ALL_FLAGS,
     _NO_ABORT,

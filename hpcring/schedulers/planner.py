@@ -3,7 +3,6 @@ launcher's command line for each step, the files it reads, and the container aro
 
 from __future__ import annotations
 
-from hpcring import __version__
 from hpcring.errors import ConfigError, choices
 from hpcring.schedulers import containers, interconnect, registry
 from hpcring.schedulers.interfaces import Scheduler
@@ -12,6 +11,7 @@ from hpcring.schedulers.mapping import RankMap
 from hpcring.schedulers.model import LAUNCHERS_OF
 from hpcring.schedulers.plan import Directive, ExtraFile, Plan, RenderOptions, StepPlan
 from hpcring.schedulers.shell import Raw, check_line_safe
+from hpcring.version import __version__
 
 
 def _env(rm: RankMap, job: JobSpec, sched: Scheduler) -> list[tuple[str, str]]:

@@ -1,16 +1,16 @@
-"""No import cycles in hpcring: a module that imports one which (through others) imports it back works only
-in some import orders, and cannot be understood or moved on its own.
+"""The house's import rules, read from the source (nothing is imported): no cycles, no upward arrows.
 
-The graph is read from the source (nothing is imported). An edge is any `import`/`from ... import` of an
-hpcring module, at module level or inside a function (only `if TYPE_CHECKING:` blocks are left out: they never
-run); `from pkg import name` is an edge to the submodule `pkg.name` when there is one, else to `pkg`, so a
-package's `__init__` importing its own submodules counts like any other module. `importlib.import_module`
-with a constant name is an edge; a module that calls it with a computed name (a registry of modules by name)
-is taken to import every hpcring module whose full name stands in it as a string.
+No cycle: a module that imports one which (through others) imports it back works only in some import orders,
+and cannot be understood or moved on its own. Floors: every module belongs to one floor (FLOORS, lowest
+first) and imports only its own floor and the ones below, so a floor can be read, tested and replaced without
+those above it. The engine reaches the collective floor only through its door (ENGINE_DOOR).
 
-Every cycle must be listed in KNOWN_CYCLES (as its strongly connected component: the modules that import
-each other round), and none may touch STRICT. A new or grown cycle fails, and so does a listed one that is
-gone (take it off the list). To check a whole package strictly, add it to STRICT once its cycles are gone.
+An edge is any `import`/`from ... import` of an hpcring module, at module level or inside a function (only
+`if TYPE_CHECKING:` blocks are left out: they never run); `from pkg import name` is an edge to the submodule
+`pkg.name` when there is one, else to `pkg`, so a package's `__init__` importing its own submodules counts
+like any other module. `importlib.import_module` with a constant name is an edge; a module that calls it
+with a computed name (a registry of modules by name) is taken to import every hpcring module whose full name
+stands in it as a string.
 """
 
 from __future__ import annotations
@@ -24,27 +24,30 @@ import pytest
 import hpcring
 
 PACKAGE_DIR = Path(hpcring.__file__).resolve().parent
-# Packages where no cycle is allowed, not even a listed one.
-STRICT = ("hpcring.schedulers", "hpcring.cli")
-# Cycles that were there when this check was written, outside STRICT: why each exists. Remove an entry when
-# its cycle is gone; never add one to silence the check.
-KNOWN_CYCLES: dict[frozenset[str], str] = {
-    frozenset(
-        {
-            "hpcring.torch",
-            "hpcring.torch.autotune",
-            "hpcring.torch.elastic",
-            "hpcring.torch.elastic.common",
-            "hpcring.torch.elastic.runner",
-            "hpcring.torch.elastic.sampler",
-            "hpcring.torch.elastic.state",
-            "hpcring.torch.functions",
-            "hpcring.torch.optimizer",
-            "hpcring.torch.sync_batch_norm",
-        }
-    ): "hpcring.torch re-exports its submodules' API, and functions, optimizer, sync_batch_norm and "
-    "elastic.* import `hpcring.torch` (as hvd) back, inside functions, to call that API",
-}
+# Floors, lowest first: (name, module prefixes). A module may import its own floor and the floors below.
+FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    (
+        "base",
+        (
+            "hpcring.errors",
+            "hpcring.config",
+            "hpcring._deps",
+            "hpcring.version",
+            "hpcring.malloc_policy",
+            "hpcring.horovod_env",
+            "hpcring.contracts",
+        ),
+    ),
+    ("collectives and job scripts", ("hpcring.collective", "hpcring.schedulers")),
+    ("engine and launcher", ("hpcring.engine", "hpcring.launch")),
+    ("frameworks and tools", ("hpcring.torch", "hpcring.bench", "hpcring.diagnostics")),
+    ("executors", ("hpcring.ray",)),
+    ("faces", ("hpcring.cli", "hpcring.__main__", "hpcring")),
+)
+# What the engine may import of the collective floor: the unchecked collectives and the value modules.
+ENGINE_DOOR = tuple(
+    f"hpcring.collective.{m}" for m in ("kernels", "ops", "dtypes", "arrays", "topology", "stages")
+)
 
 
 def module_names(root: Path = PACKAGE_DIR) -> dict[str, Path]:
@@ -194,22 +197,6 @@ def graph() -> dict[str, set[str]]:
     return import_graph()
 
 
-def test_no_cycle_touches_the_strict_packages(graph: dict[str, set[str]]) -> None:
-    bad = [c for c in cycles(graph) if any(m.startswith(STRICT) for m in c)]
-    assert not bad, "import cycles:\n" + "\n".join(describe(c, graph) for c in bad)
-
-
-def test_every_cycle_elsewhere_is_a_known_one(graph: dict[str, set[str]]) -> None:
-    found = set(cycles(graph))
-    new = [c for c in found if c not in KNOWN_CYCLES]
-    gone = [c for c in KNOWN_CYCLES if c not in found]
-    assert not new, "new import cycles:\n" + "\n".join(describe(c, graph) for c in new)
-    assert not gone, "cycles gone (remove them from KNOWN_CYCLES):\n" + "\n".join(
-        ", ".join(sorted(c)) for c in gone
-    )
-    assert not any(m.startswith(STRICT) for c in KNOWN_CYCLES for m in c)
-
-
 def test_the_checker_sees_every_kind_of_import(tmp_path: Path) -> None:
     pkg = tmp_path / "pkg"
     (pkg / "sub").mkdir(parents=True)
@@ -239,3 +226,49 @@ def test_the_checker_sees_every_kind_of_import(tmp_path: Path) -> None:
     (component,) = cycles(graph)
     assert component == {"pkg", "pkg.a", "pkg.b", "pkg.sub.c"}
     assert describe(component, graph).startswith("pkg -> pkg.a -> pkg.b -> pkg.sub.c -> pkg  (component: ")
+
+
+def floor_of(module: str) -> int:
+    """The index in FLOORS of `module`'s floor (the longest matching prefix wins: `hpcring` is the face)."""
+    best, found = -1, -1
+    for i, (_, prefixes) in enumerate(FLOORS):
+        for p in prefixes:
+            if (module == p or module.startswith(p + ".")) and len(p) > best:
+                best, found = len(p), i
+    if found < 0:
+        raise AssertionError(f"{module} is on no floor: add it to FLOORS in {__file__}")
+    return found
+
+
+def test_no_cycle_anywhere(graph: dict[str, set[str]]) -> None:
+    bad = cycles(graph)
+    assert not bad, "import cycles:\n" + "\n".join(describe(c, graph) for c in bad)
+
+
+def test_no_import_goes_up_a_floor(graph: dict[str, set[str]]) -> None:
+    up = [
+        f"{m} ({FLOORS[floor_of(m)][0]}) imports {d} ({FLOORS[floor_of(d)][0]})"
+        for m, deps in sorted(graph.items())
+        for d in sorted(deps)
+        if floor_of(d) > floor_of(m)
+    ]
+    assert not up, "imports that go up a floor:\n" + "\n".join(up)
+
+
+def test_the_engine_reaches_the_collectives_through_its_door(graph: dict[str, set[str]]) -> None:
+    through = [
+        f"{m} imports {d}"
+        for m, deps in sorted(graph.items())
+        if m.startswith("hpcring.engine")
+        for d in sorted(deps)
+        if d.startswith("hpcring.collective") and d not in ENGINE_DOOR
+    ]
+    assert not through, "the engine past its door (collective/kernels.py):\n" + "\n".join(through)
+
+
+def test_floor_of_takes_the_longest_prefix() -> None:
+    assert FLOORS[floor_of("hpcring")][0] == "faces"
+    assert FLOORS[floor_of("hpcring.contracts.elastic")][0] == "base"
+    assert floor_of("hpcring.engine.engine") > floor_of("hpcring.collective.kernels")
+    with pytest.raises(AssertionError, match="on no floor"):
+        floor_of("elsewhere.module")
