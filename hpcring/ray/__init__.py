@@ -17,7 +17,7 @@ def __getattr__(name: str) -> Any:
 
         return RayExecutor
     if name == "ElasticRayExecutor":
-        from hpcring.ray.elastic import ElasticRayExecutor
+        from hpcring.ray.elastic_executor import ElasticRayExecutor
 
         return ElasticRayExecutor
     raise AttributeError(f"module 'hpcring.ray' has no attribute {name!r}")
