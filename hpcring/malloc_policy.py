@@ -1,17 +1,11 @@
 """Keep a training process's freed memory in its heap instead of returning it to the kernel every step.
 
-Why: glibc's malloc starts with a 128 KiB mmap threshold that it raises as mmapped chunks are freed, and it
-gives the top of the heap back to the kernel whenever more than the trim threshold (twice the mmap
-threshold, dynamically) is free there. A CPU training step allocates and frees tens of MiB of activations
-and gradients; under that policy part of them goes back to the kernel at every step and returns as minor
-page faults (a trap and a zeroed page per 4 KiB) in the next one. Which part depends on the heap's layout,
-so it moves from one model to another in the same process: in a 2-rank ResNet-style step the
-DistributedOptimizer's model took 6,500 faults in one forward pass (7-8 ms of 55 ms) while a plain copy of
-the model took 240 (`docs/engine.md`, "Heap").
-
-With a fixed mmap threshold of 32 MiB (glibc's own dynamic ceiling) and a trim threshold of 256 MiB, those
-faults are gone and every step of every model in the process is 15-20 % faster on the CI machine. The cost
-is bounded: at most 256 MiB of free heap top stays mapped per arena.
+Why: glibc's malloc raises its mmap threshold dynamically and trims the heap top whenever more than the trim
+threshold is free there. A CPU training step allocates and frees tens of MiB of activations and gradients, so
+under that policy part of them goes back to the kernel every step and returns as minor page faults in the
+next; which part depends on the heap's layout, so it differs between models of one process. With a fixed
+mmap threshold (glibc's own dynamic ceiling) and a trim threshold of 256 MiB, those faults are gone; the cost
+is at most that much free heap top kept mapped per arena (docs/engine.md, "The heap").
 
 `init()` of `hpcring.torch` applies it once per process, unless `HPCRING_HEAP_TUNING=0`, the user chose
 the allocator's settings (`MALLOC_MMAP_THRESHOLD_`, `MALLOC_TRIM_THRESHOLD_`, `MALLOC_TOP_PAD_`,

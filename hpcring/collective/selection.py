@@ -23,7 +23,7 @@ SHM_MIN_BYTES = 1 << 20  # one node with SHM_MIN_RANKS ranks or more, at least t
 SHM_MIN_RANKS = 4  # with 2 ranks the ring (single-copy transfers) measured faster for contiguous buffers
 HIERARCHICAL_MIN_BYTES = 1 << 20  # several nodes with several ranks each, at least this big: hierarchical
 # reducescatter: MPI_Reduce_scatter below this size (fewer latency steps), our ring from it on (Open MPI's
-# reduce-scatter measured 2-5x slower than the ring at 64 MiB).
+# reduce-scatter measured several times slower than the ring at 64 MiB).
 NATIVE_REDUCE_SCATTER_MAX_BYTES = 64 << 10
 
 

@@ -43,12 +43,13 @@ def _adjacent_span(
     dtype and lie back to back in memory in list order (and are writeable, if asked); else None.
 
     `buffer` exposes an array's memory as an object with `address`, `nbytes` and `readonly`, raising
-    BufferError for a non-contiguous one: `mpi4py.MPI.buffer`, a C-level constructor about 6x cheaper per
-    array than numpy's `.ctypes.data`. List order matters: every rank presents the batch to the collective in
-    the (agreed) order of its responses, whether from a span or packed. The first two arrays are checked
-    before anything else, so independently allocated tensors (never adjacent: the allocator keeps a header
-    between blocks) cost about a microsecond. The span covers exactly the bytes of the arrays, all alive for
-    the duration of the operation, so reading and writing it is reading and writing them."""
+    BufferError for a non-contiguous one: `mpi4py.MPI.buffer`, a C-level constructor much cheaper per array
+    than numpy's `.ctypes.data` (docs/engine.md, "Fusion"). List order matters: every rank presents the batch
+    to the collective in the (agreed) order of its responses, whether from a span or packed. The first two
+    arrays are checked before anything else, so independently allocated tensors (never adjacent: the
+    allocator keeps a header between blocks) fail the check cheaply. The span covers exactly the bytes of the
+    arrays, all alive for the duration of the operation, so reading and writing it is reading and writing
+    them."""
     try:
         one, two = buffer(arrays[0]), buffer(arrays[1])
         if one.address + one.nbytes != two.address:

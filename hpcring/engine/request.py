@@ -80,9 +80,9 @@ def signature_shape(op_type: OpType, shape: tuple[int, ...]) -> tuple[int, ...]:
 
 # Completion is a single hand-off: a waiting caller sleeps on its own "gate" lock, registered under
 # `_registry`; the engine marks a whole batch of handles done under `_registry`, lets go of it, and only then
-# opens the gates. (A per-handle Event cost ~3 us to create; and any Condition wakes the waiter while the
+# opens the gates. (A per-handle Event is costly to create; and any Condition wakes the waiter while the
 # notifier still holds the condition's lock, so the waiter wakes, blocks on that lock and is woken a second
-# time: on a crowded CPU every such switch costs tens of microseconds to milliseconds.)
+# time, an extra switch that a crowded CPU makes expensive: docs/engine.md, "Cost of a request".)
 _registry = threading.Lock()
 
 

@@ -1,14 +1,10 @@
 """HOROVOD_AUTOTUNE: pick the fusion threshold and cycle time from measured throughput during the first steps.
 
-Horovod scores each setting by the bytes its engine reduced per second over a sample of cycles and searches
-with Bayesian optimisation. hpcring scores a setting by training steps per second over a sample of steps (for
-a training loop, the same bytes move every step, so this is Horovod's score with the compute time that
-fusion and cycle time also change included) and replaces the search with a coordinate search over a short
-grid: first the fusion threshold at the starting cycle time, then the cycle time at the best threshold, then
-one more sample each of the winner and of the starting setting, keeping the better. The grid covers fusion
-from 1 MiB to 128 MiB and cycle times from 0.5 ms to 10 ms; every sample has the same number of steps, and
-the search ends after at most `max_samples` scored samples, so a job tunes during its first few hundred
-steps and then runs with fixed settings.
+Horovod scores a setting by the bytes its engine reduced per second and searches with Bayesian optimisation.
+hpcring scores it by training steps per second (the same bytes move every step, so this is Horovod's score
+with the compute time the settings also change included) and runs a coordinate search over a short grid
+(`FUSION_GRID`, then `CYCLE_GRID_MS` at the best threshold, then the winner against the start once more),
+ending after at most `max_samples` scored samples (docs/torch.md, "Autotuning").
 
 Only the rank that decides (rank 0 of the global set) runs an `Autotuner`. This module is pure search logic: a
 driver runs each proposed setting for one sample, reports its score, and applies the next proposal on every

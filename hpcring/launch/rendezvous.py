@@ -4,15 +4,13 @@ Ray places its workers as actors; no launcher starts them as one MPI job. MPI's 
 rank 0 opens a port (`MPI_Open_port`) and publishes its name out of band (a `rendezvous_store` served by
 the Ray driver); every other process connects to it. Each connection gives an intercommunicator between
 the world formed so far and the newcomer; merging it makes the next, larger intracommunicator. Newcomers
-are let in one at a time (MPICH 5.0.2 segfaults in `MPI_Comm_accept` when two connect to one port at once,
-seen 5 times in 6 tries at 4 processes): rank 0 publishes whose turn it is, and joins happen in rank order.
+are let in one at a time, in rank order (rank 0 publishes whose turn it is): MPICH segfaults in
+`MPI_Comm_accept` when two connect to one port at once.
 
-What works (measured on this machine, docs/ray.md): MPICH, when each process is its own one-process job
-(`mpiexec -n 1 python ...`): hydra gives every job its own namespace. Plain singletons (`python ...` calling
-`MPI_Init` with no launcher) fail in MPICH 5.0.x (both sides get the same world id: "Local and remote groups
-in MPI_Intercomm_create must not overlap", MPICH issue #7805), and in Open MPI 5 (no PMIx server:
-MPI_ERR_INTERN; a shared PRRTE DVM would be needed, and connecting to one segfaults with the 5.0.11 wheel).
-`check_support()` says so before anything hangs.
+What works is MPICH with each process its own one-process job (`mpiexec -n 1 python ...`: hydra gives every
+job its own namespace). Plain singletons (all get the same world id, MPICH issue #7805) and Open MPI 5 (no
+PMIx server to exchange through) fail; docs/ray.md lists every variant tried. `check_support()` says so
+before anything hangs.
 """
 
 from __future__ import annotations

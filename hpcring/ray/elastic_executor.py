@@ -3,18 +3,13 @@ elastic training (`hpcring.torch.elastic`, docs/elastic.md).
 
 MPI cannot shrink a running world, so a world that loses a worker is ended and a new one is formed from
 the live actors, plus new actors where Ray has room, between `min_num_proc` and `max_num_proc`. Each world's
-workers are fresh processes; `@hvd.elastic.run` in the training function restores the newest commit from
-the node-local commit store (HPCRING_ELASTIC_DIR, the same path on every node) and calls the reset
-callbacks, exactly as under `hpcring run --min-np`. What ends a world and starts the next:
-
-* an actor died (its process was killed, its node was lost): its slot is not used again by this job
-  (Horovod blacklists the failed host; here the unit Ray hands out is the slot);
-* a worker process ended by itself, e.g. with `RESET_EXIT_CODE` after `HostsUpdatedInterrupt` or a failed
-  collective under `@hvd.elastic.run`.
-
-An exception raised by the training function while its process and actor live is the function's own
-result: it is raised to the caller, as a non-elastic run would. `reset_limit` bounds the number of worlds
-re-formed; fewer than `min_num_proc` slots for longer than `elastic_timeout` ends the run with an error.
+workers are fresh processes; `@hvd.elastic.run` restores the newest commit from the node-local commit store
+(HPCRING_ELASTIC_DIR) and calls the reset callbacks, exactly as under `hpcring run --min-np`. A world ends
+when an actor dies (its slot is not used again: Ray's unit is the slot, where Horovod blacklists the host)
+or a worker process ends by itself (`RESET_EXIT_CODE`, a failed collective); an exception the function
+raises while its process and actor live is raised to the caller, as in a non-elastic run. `reset_limit`
+bounds the re-formations; fewer than `min_num_proc` slots for longer than `elastic_timeout` ends the run
+with an error (docs/ray.md).
 """
 
 from __future__ import annotations

@@ -1,20 +1,17 @@
 """Gradient buckets: how `DistributedOptimizer` reduces a step's dense gradients a bucket at a time.
 
-The gradients of the parameters the optimizer reduces are laid out as views of a few flat buffers (PyTorch
-DDP's `gradient_as_bucket_view`): `p.grad` *is* a slice of a bucket, so backward accumulates gradients
-where they are reduced and nothing is copied in or out. A gradient hook only counts readiness; when the
-last gradient of a bucket is ready the bucket goes to the engine as one in-place allreduce (one request,
-one name), instead of one request per tensor.
+The reduced parameters' gradients are views of a few flat buffers (PyTorch DDP's `gradient_as_bucket_view`):
+`p.grad` *is* a slice of a bucket, so backward accumulates gradients where they are reduced and nothing is
+copied in or out. A gradient hook only counts readiness; a bucket whose last gradient is ready goes to the
+engine as one in-place allreduce (one request, one name), instead of one request per tensor.
 
-Layout: buckets follow the order in which gradients became ready in the first step (learned on the root of
-the process set and broadcast, so every rank forms the same buckets even when its own order differs),
-filled up to `bucket_cap_mb` (`HPCRING_BUCKET_CAP_MB`, DDP's 25 MiB default). Unlike DDP there is no
-smaller first bucket: an early 1 MiB bucket buys overlap only where a core is idle during backward, and
-costs a negotiation per step; on the 2-core CI machine the 200-tensor MLP measured 0.85x DDP's step
-without it and 0.88-0.97x with it (benchmarks/bench_ddp.py, paired launches). Buckets of one dtype and
-device share one allocation in bucket order, so buckets the engine fuses in one cycle are adjacent in
-memory and are reduced where they lie (the engine's zero-copy path). With `groups`, each group is a bucket
-(split by dtype).
+Buckets follow the order in which gradients became ready in the first step (learned on the process set's
+root and broadcast, so every rank forms the same buckets even when its own order differs), filled up to
+`bucket_cap_mb` (`HPCRING_BUCKET_CAP_MB`, DDP's 25 MiB default). Unlike DDP there is no smaller first bucket:
+it buys overlap only where a core is idle during backward and costs a negotiation per step (docs/engine.md,
+"DistributedOptimizer"). Buckets of one dtype and device share one allocation in bucket order, so buckets the
+engine fuses in one cycle are adjacent in memory and reduced where they lie (the engine's zero-copy path).
+With `groups`, each group is a bucket (split by dtype).
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """When a collective builds an autograd graph: only where a gradient can flow.
 
-Each differentiable op of `hpcring.torch` is a `torch.autograd.Function`, as in Horovod. Its `apply` costs
-5-10 us a call (a context, bookkeeping of inputs and outputs) whether or not anything will be
+Each differentiable op of `hpcring.torch` is a `torch.autograd.Function`, as in Horovod. Its `apply` has a
+fixed cost per call (a context, bookkeeping of inputs and outputs) whether or not anything will be
 differentiated, and most calls differentiate nothing: a metric or a loss being averaged, parameters being
 broadcast. There `run_op` runs the Function's forward alone, with a throwaway context; for such inputs
-`apply` gives the same tensors, with no graph either. 4-byte ops at 1 rank, medians of 5 launches:
-`hvd.allgather` 53.5 -> 47.4 us, `hvd.broadcast` 45.8 -> 40.8 us (docs/bench-engine.md, "Fourth round")."""
+`apply` gives the same tensors, with no graph either (docs/engine.md, "Out-of-place allreduce", has the
+figures)."""
 
 from __future__ import annotations
 

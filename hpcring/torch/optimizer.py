@@ -2,18 +2,15 @@
 
 A post-accumulate-grad hook on each parameter sees its gradient the moment autograd has accumulated it, so
 communication overlaps the rest of the backward pass; `step()` waits for the reductions and then runs the
-wrapped optimizer's own update. The first step reduces each gradient as its own request and learns the
-order in which they become ready; from then on dense gradients live in flat buckets (`buckets.py`) and a
-hook only counts readiness: a bucket goes to the engine as one request when its last gradient is ready.
-When the set of trainable parameters changes (frozen, unfrozen or added between steps) the next step goes
-per tensor again and the buckets are rebuilt after it, on every rank. As in Horovod the wrapper is a
-dynamic subclass of the optimizer's class, so `isinstance(opt, torch.optim.SGD)` and LR schedulers keep
-working, and `hvd.DistributedOptimizer(opt, ...)` is a drop-in replacement.
+wrapped optimizer's own update. The first step reduces per tensor and learns the order in which gradients
+become ready; from then on dense gradients live in flat buckets (`buckets.py`). When the set of trainable
+parameters changes, the next step goes per tensor again and the buckets are rebuilt after it, on every rank.
+As in Horovod the wrapper is a dynamic subclass of the optimizer's class, so `isinstance` checks and LR
+schedulers keep working.
 
-Differences from Horovod, all removing a way for ranks to hang or disagree: parameters that got no gradient
-on this rank are reduced as zeros (so a rank that skipped a layer still joins the other ranks' reduction), a
-group that is only partly ready at `synchronize()` is reduced as a whole group, and the wrapped optimizer's
-state is kept (Horovod rebuilds the optimizer from its param_groups and drops loaded state).
+Differences from Horovod, each removing a way for ranks to hang or disagree (docs/torch.md): a parameter
+that got no gradient on this rank is reduced as zeros, a group only partly ready at `synchronize()` is
+reduced as a whole, and the wrapped optimizer's state is kept (Horovod rebuilds the optimizer and drops it).
 """
 
 from __future__ import annotations

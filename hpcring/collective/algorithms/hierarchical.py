@@ -1,21 +1,16 @@
 """Hierarchical allreduce: reduce-scatter inside the node, allreduce across nodes per shard, allgather inside.
 
-Only 1/local_size of the buffer crosses the (slow) network per rank. The buffer is cut into S shards, S being
-the largest node's rank count, with the same cut on every node. On a node of L ranks, local rank l owns the
-contiguous run of shards `owned_shards(l, S, L)`; each node has exactly one owner per shard, so shard j's
-cross-node group (`shard_groups[j]`) holds one rank per node. With equal nodes this is the classic scheme
-(owner of shard j = local rank j, shard j's group = the cross communicator); with unequal nodes the ranks of a
-smaller node own several shards and take part in several cross groups, always in increasing shard order so two
-blocking groups can never wait on each other.
+Only 1/local_size of the buffer crosses the (slow) network per rank. The buffer is cut into S shards (S: the
+largest node's rank count), the same cut on every node; local rank l of a node of L ranks owns the run
+`owned_shards(l, S, L)`, so each node has one owner per shard and shard j's cross-node group
+(`shard_groups[j]`) holds one rank per node. On unequal nodes a rank may own several shards; its groups run
+in increasing shard order, so two blocking groups can never wait on each other.
 
-Large buffers are pipelined (docs/collectives.md, "Hierarchical pipeline"): the buffer is cut into segments
-(2 MiB by default), each with the same shard cut, and while earlier segments cross the network (non-blocking
-point-to-point ring steps, `CrossRing`) the node reduce-scatters the next one and allgathers one whose cross
-stage is done. Run one after another, the node-local stages add their whole time to the link time;
-pipelined, they hide under it, as the flat ring hides its own in-node edges. No thread is needed: MPI
-progresses every pending request, on every communicator, whenever the rank waits on any one, and while the
-node stages wait (every chunk) they also complete any cross step whose messages have arrived and post the
-next, so the link never waits for the schedule.
+Large buffers are pipelined over segments (docs/collectives.md, "Hierarchical pipeline"): while earlier
+segments cross the network (`CrossRing`, non-blocking point-to-point steps) the node reduce-scatters the next
+and allgathers finished ones, so the node-local stages hide under the link time instead of adding to it. No
+thread is needed: MPI progresses every pending request whenever the rank waits on any one, and the node
+stages complete arrived cross steps while they wait, so the link never waits for the schedule.
 """
 
 from __future__ import annotations
@@ -57,13 +52,13 @@ from hpcring.collective.stages import (
 NDArray = np.ndarray[Any, Any]
 
 # Pipeline segment: small enough that the first reduce-scatter and the last allgather (the only node-local
-# work the link cannot hide) are short, large enough that per-segment overhead stays small. Measured on the
-# 2-node netns cluster (docs/bench-netns.md): Open MPI liked 1-2 MiB, MPICH 2-4 MiB; 2 MiB suits both.
+# work the link cannot hide) are short, large enough that per-segment overhead stays small; a size that
+# suits both MPIs on the 2-node netns cluster (docs/bench-netns.md, segment-size sweep).
 DEFAULT_SEGMENT_BYTES = 2 << 20
 # How far (in bytes of segments) a rank may run ahead of the schedule's forced cross-node waits. The two
 # ranks of a node drive two TCP flows that share the link unevenly; with a deep window neither runs dry
-# while its node peer catches up. Measured (docs/bench-netns.md): 6 -> 24 MiB took 64 MiB at 200 Mbit/s
-# from 3.7 to 3.1 s and cost nothing at 1 Gbit/s.
+# while its node peer catches up (docs/bench-netns.md, "A deep in-flight window": it helps on a slow link and
+# costs nothing on a fast one).
 IN_FLIGHT_BYTES = 24 << 20
 # Cross-node messages are tagged by in-flight slot: early completion makes the order in which two peers post
 # steps of different segments timing-dependent, so only distinct tags keep them from matching each other.
@@ -239,7 +234,7 @@ def _node_reduce_scatter(
         local.reduce_scatter(sv, out, s.counts, op)
         if out is not mine:
             mine[...] = out
-    else:  # our ring: 2-5x faster than Open MPI's MPI_Reduce_scatter (docs/collectives.md), any dtype
+    else:  # our ring: several times faster than Open MPI's Reduce_scatter (docs/collectives.md), any dtype
         ring_reduce_scatter(local, sv, mine, offsets(s.counts), op, chunk_bytes, poll)
 
 

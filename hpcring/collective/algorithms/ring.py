@@ -116,8 +116,8 @@ def _reduce_scatter_phase(
 def ring_allgather(t: Transport, dst: NDArray, seg: list[int], chunk: int, poll: Poll | None = None) -> None:
     """In-place allgather: rank r owns [seg[r], seg[r+1]) of dst; every chunk is forwarded on arrival.
 
-    Used by the allreduce and inside the node by the hierarchical algorithm: MPICH's MPI_Allgatherv measured
-    up to 35x slower than this on oversubscribed cores (docs/collectives.md). `poll`: see `_wait`."""
+    Used by the allreduce and inside the node by the hierarchical algorithm: MPICH's MPI_Allgatherv collapses
+    on oversubscribed cores, where this does not (docs/collectives.md). `poll`: see `_wait`."""
     if t.size == 1:
         return
     n, r = t.size, t.rank

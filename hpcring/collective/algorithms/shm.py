@@ -1,43 +1,21 @@
-"""Allreduce inside one node through a shared-memory segment.
+"""Allreduce inside one node through a shared-memory segment (docs/collectives.md, "Shared memory").
 
-Every rank of the group maps one segment: a slot per rank and a result region. A round is
+Every rank maps one segment: a slot per rank and a result region. A round: every rank copies its input into
+its own slot; node barrier; rank r reduces part r (`chunks.bounds`) of all the slots into the result region
+and applies the caller's finishing step (AVERAGE's scaling) to it; node barrier; every rank copies the result
+out. One copy in, one out and two barriers, where a ring over MPI adds MPI's own copies and n-1 dependent
+steps; the engine packs a fused batch straight into the slot, with no fusion buffer in between. A contiguous
+buffer (`shm_allreduce`) moves less: nobody but rank r reads part r of rank r's input, so rank r reduces it
+where it lies and only the other parts go in and out. Operands are combined in rank order either way, so
+both rounds give the same bits.
 
-1. every rank copies its input into its own slot;
-2. node barrier;
-3. rank r reduces part r (balanced parts, `chunks.bounds`) of all the slots into the result region, and
-   applies the caller's finishing step (AVERAGE's scaling) to that part;
-4. node barrier;
-5. every rank copies the whole result out.
-
-Per rank that is one copy in, one read of 1/n of every slot, one copy out, and two barriers. A ring over MPI
-moves 2(n-1)/n of the buffer through MPI's own shared-memory transport (one or two more copies each way) and
-reduces in n-1 dependent steps, so on one node this measured 1.3-2x faster than both the ring and MPI's
-allreduce from 1 MiB up (docs/collectives.md). For the engine there is more: a fused batch of separate tensors
-is packed straight into the slot and unpacked straight from the result, with no fusion buffer in between.
-
-A contiguous buffer (`shm_allreduce`: a tensor, a gradient bucket) moves less: nobody but rank r reads part r
-of rank r's input, so rank r copies only the other parts into its slot, reduces its own part reading its own
-input where it lies, writes the result into the result region (for the others) and into its own output, and
-copies only the other parts out. Per rank that is (n-1)/n of the buffer in and out instead of all of it:
-at 2 ranks 4 buffer-lengths of memory traffic instead of 5.5, measured 22-27 % faster at 2 ranks and up to
-20 % at 4 (docs/collectives.md, "Shared memory"). Operands are still combined in rank order, so the result
-is the same bits as the general round's.
-
-The result region is separate from the slots, so one set of buffers is enough: a rank rewrites its slot only
-after the round's second barrier (nobody reads slots after it), and the result region only after the next
-round's first barrier (everybody has copied the result out before arriving there).
-
-The segment is a file in /dev/shm (or $HPCRING_SHM_DIR) that the group's rank 0 creates with its full size
-reserved (`posix_fallocate`: a full tmpfs fails now, with ENOSPC, rather than with SIGBUS on first touch),
-that every rank maps, and that is unlinked as soon as every rank has mapped it: from then on nothing is left
-behind, even when a rank is killed (only a crash inside the creation itself, between create and unlink, can
-leave the file). Creation is collective and agreed: if any rank cannot map it (no such directory, too small,
-or ranks that share a host name but not a /dev/shm, as containers can), every rank gets False and the caller
-uses the ring.
-
-Ordering: ranks read other ranks' plain stores only after an MPI barrier that both passed. MPI's own
-shared-memory barrier publishes with release/acquire atomics, which orders the stores made before it, the same
-assumption other shared-memory collectives (oneCCL, DeepSpeed's CPU allreduce) rely on.
+One set of buffers is enough: a rank rewrites its slot only after the round's second barrier, the result
+region only after the next round's first. The segment is a file in /dev/shm (or $HPCRING_SHM_DIR), reserved
+in full (`posix_fallocate`: ENOSPC now rather than SIGBUS on first touch) and unlinked once every rank has
+mapped it, so a killed rank leaves nothing behind. Creation is agreed: if any rank cannot map it, every rank
+gets False and the caller uses the ring. Ranks read each other's plain stores only after an MPI barrier both
+passed, whose shared-memory implementation publishes with release/acquire atomics (the assumption oneCCL and
+DeepSpeed's CPU allreduce also make).
 """
 
 from __future__ import annotations

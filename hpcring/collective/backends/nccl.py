@@ -1,21 +1,13 @@
 """The NCCL transport: a torch.distributed process group per communicator, behind the `Transport` seam.
 
-GPU tensors are reduced inside a node by NCCL (the hierarchical algorithm's intra-node stages) while MPI
-carries the cross-node stage, exactly as the CPU path uses MPI shared memory + MPI. A `TorchTransport` wraps
-one torch.distributed `ProcessGroup` built directly (not through `init_process_group`, so several groups, one
-per communicator, coexist and a user's own `torch.distributed` setup is untouched). The rendezvous uses MPI:
-rank 0 of the communicator opens a TCPStore on a free port and broadcasts its address.
-
-The same class with backend "gloo" runs on CPU tensors and numpy arrays; that is how the transport logic is
-tested in CI (tests/ranked/torch_ops/test_torch_ops_transport.py), since no GPU is available there. To verify
-on a GPU machine (each rank uses cuda:LOCAL_RANK): `HPCRING_TEST_TRANSPORT=nccl HPCRING_RANKED=1 hpcring run
--np 2 -- python -m pytest tests/ranked/torch_ops/test_torch_ops_transport.py`.
-
-Buffers may be numpy arrays (viewed as CPU tensors without a copy) or torch tensors (on the group's device).
-Objects and barriers go through MPI, which every rank has anyway. The engine's device data plane
-(`hpcring/collective/engine/device.py`) drives one of these per process set and node group; it uses the
-equal-part collectives (`reduce_scatter_equal`, `allgather_equal`), which map to NCCL's own
-ncclReduceScatter/ncclAllGather without padding or copies.
+GPU tensors are reduced inside a node by NCCL while MPI carries the cross-node stage, as the CPU path uses
+MPI shared memory + MPI. A `TorchTransport` wraps one `ProcessGroup` built directly (not through
+`init_process_group`, so several coexist and a user's own `torch.distributed` setup is untouched); its
+rendezvous is a TCPStore whose address rank 0 broadcasts over MPI. Buffers may be numpy arrays (viewed as
+CPU tensors) or torch tensors on the group's device; objects and barriers go through MPI. The engine's
+device plane (`hpcring/engine/device_plane.py`) uses `reduce_scatter_equal` and `allgather_equal`, which map
+to NCCL's own collectives without padding or copies. With backend "gloo" the same class runs on CPU tensors:
+that is how CI tests it (docs/collectives.md, "Transports and backends", has the recipe for a GPU machine).
 
 Call `close()` when done: a process group torn down by the garbage collector at interpreter exit can abort
 the process (gloo's worker threads still hold tensors then).

@@ -1,19 +1,16 @@
-"""Commits in node-local memory: one file per rank in a tmpfs directory (`/dev/shm`), written atomically.
+"""Commits in node-local memory: two files per rank in a tmpfs directory (`/dev/shm`), each commit atomic.
 
 Why files and not an in-memory copy (Horovod's): hpcring re-forms a world by restarting its processes (MPI
 cannot shrink a running world), so a commit must outlive the process that made it. A file on tmpfs is memory
-all the same: writing one is a single copy of each tensor's bytes into the page cache, about what
-`tensor.clone()` costs, and it survives the process. The next world restores the newest commit of any node.
+all the same: writing one is a single copy of each tensor's bytes, about what `tensor.clone()` costs, and it
+survives the process. The next world restores the newest commit of any node. The API, also used by
+`hpcring.ray`: docs/elastic.md, "Commit store API".
 
 Format: 8-byte magic (written last), 8-byte header length, 8-byte data offset, a pickled header (sequence
 number, the state's structure with each tensor replaced by a reference, each tensor's dtype/shape/offset),
 then the raw tensor bytes, each aligned to 64 bytes. Readers get tensors that view one buffer; nothing is
-unpickled from tensor data.
-
-The API (also used by `hpcring.ray`): `encode_bytes(seq, obj) -> bytearray`, `decode(buffer) -> (seq, obj)`,
-`CommitStore(directory, rank).write(seq, obj)`, `.newest() -> (seq, path) | None`, `read(path)`,
-`.remove_own()`.
-`obj` is any nesting of dicts, lists and tuples whose leaves are tensors or picklable values.
+unpickled from tensor data. A committed object is any nesting of dicts, lists and tuples whose leaves are
+tensors or picklable values.
 """
 
 from __future__ import annotations
