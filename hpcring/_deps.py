@@ -7,6 +7,7 @@ these helpers at use time; a missing package becomes `BackendUnavailable` naming
 from __future__ import annotations
 
 import importlib
+import sys
 from types import ModuleType
 from typing import Any
 
@@ -23,6 +24,9 @@ _INSTALL = {
 
 def require(module: str) -> ModuleType:
     """Import `module` or raise BackendUnavailable with the command that installs it."""
+    loaded = sys.modules.get(module)  # the hot paths ask for torch per batch: one dict lookup, no import
+    if loaded is not None:
+        return loaded
     try:
         return importlib.import_module(module)
     except ImportError as exc:

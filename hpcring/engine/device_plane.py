@@ -165,14 +165,15 @@ class SetPlane:
         """One agreed batch on `lane` (its stream is current); one result per response."""
         first = batch[0]
         op = first.sig.op_type
+        staged = self.topo.size > 1 and self.carrier == "mpi"  # one rank: no data to move, only scaling
         if op is OpType.ALLREDUCE:
-            if self.carrier == "mpi":
+            if staged:
                 return self._staged_allreduce(lane, batch, timeline)
             return self.allreduce(lane, batch, timeline)
         names = [first.sig.name] if timeline is not None else []
         if op not in _SINGLE:
             raise CollectiveError(f"{op.value} has no device data plane (device {first.sig.device!r})")
-        if self.carrier == "mpi" or self._mpi_across:
+        if staged or self._mpi_across:
             return [self._staged_single(lane, first, timeline, names)]
         with self.span(lane, timeline, names, "COLLECTIVE"):
             return [getattr(self, _SINGLE[op])(lane, first)]

@@ -76,7 +76,7 @@ def test_int16_takes_the_mpi_route(hvd: ModuleType, op: str) -> None:
     assert tensors._view(x).device == MPI_ROUTE
     before = plane_stats()
     y = hvd.allreduce(x, op=getattr(hvd, op.capitalize()), name=f"int16.{op}")
-    assert plane_stats()["staged"] == before["staged"] + 1
+    assert plane_stats()["staged"] == before["staged"] + (n > 1)  # one rank moves nothing
     assert y.dtype == torch.int16 and y.device == x.device
     assert torch.equal(y.cpu(), expected(op, n, 7, torch.int16)), (op, y)
     gathered = hvd.allgather(x, name=f"int16.gather.{op}")
