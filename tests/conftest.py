@@ -1,9 +1,10 @@
 """Shared test plumbing.
 
 Multi-rank tests are ordinary pytest files under `tests/ranked/`; each rank runs them, computing expectations
-from its rank and the world size. The parent suite never collects them: a test elsewhere launches them
-through the real launcher (`hpcring run -np N -- python -m pytest tests/ranked/...`), always under a timeout,
-with the `hpcring_run` fixture below. Importable helpers live in `tests/support.py`.
+from its rank and the world size. The ranked plugin (tests/ranked_plugin.py, docs/testing.md) reports each
+of them, under each launch declared in tests/ranked/launches.py, as an item of this suite, and runs the
+launches through the real launcher under a timeout. Other multi-rank programs are launched with the
+`hpcring_run` fixture below. Importable helpers live in `tests/support.py`.
 """
 
 from __future__ import annotations
@@ -17,14 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import RANKED, RunRanks, run_ranks
+from support import RunRanks, run_ranks
 
-
-def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
-    """Skip tests/ranked unless we are one rank of a launched job (HPCRING_RANKED=1)."""
-    if RANKED in collection_path.parents or collection_path == RANKED:
-        return os.environ.get("HPCRING_RANKED") != "1"
-    return None
+pytest_plugins = ("ranked_plugin", "pytester")
 
 
 @pytest.fixture

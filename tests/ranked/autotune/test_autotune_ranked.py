@@ -1,5 +1,5 @@
-"""HOROVOD_AUTOTUNE inside every rank (launched with the HOROVOD_AUTOTUNE* variables set by
-tests/torch/test_autotune_launch.py): every rank ends with rank 0's choice, after the same number of switches,
+"""HOROVOD_AUTOTUNE inside every rank (launched with the HOROVOD_AUTOTUNE* variables set in
+tests/ranked/launches.py): every rank ends with rank 0's choice, after the same number of switches,
 and training stays data-parallel while the settings change under it."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Settings for the device data plane tests (collected only under HPCRING_RANKED=1, inside every rank).
+"""Settings for the device data plane tests (loaded inside every rank only).
 
 The same tests run two ways:
 

@@ -1,5 +1,5 @@
 """Fixtures for engine tests that run inside every rank, on numpy only (so they also run in the MPICH venv,
-which has no torch). Collected only under HPCRING_RANKED=1."""
+which has no torch). Loaded only inside the ranks (tests/ranked_plugin.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A job with a stall, for the stall-inspector test (run by tests/engine/test_engine_ranked.py).
+"""A job with a stall, for the stall-inspector test (run by tests/engine/test_engine_stall.py).
 
 Phase 1: the last rank submits `late` 2.5 s after the others: with HPCRING_STALL_CHECK_TIME_SECONDS=1 rank 0
 warns, naming the tensor and the missing rank, and the op still completes. Phase 2: the last rank never

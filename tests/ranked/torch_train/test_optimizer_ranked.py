@@ -6,8 +6,11 @@ gradient is `(size + 1) / 2`: every expectation below is computed from rank and 
 
 from __future__ import annotations
 
+import contextlib
 import warnings
+from collections.abc import Callable
 from types import ModuleType
+from typing import Any
 
 import pytest
 import torch
@@ -36,29 +39,31 @@ def _assert_moved_by(
         torch.testing.assert_close(p.detach(), b - delta, atol=atol, rtol=0)
 
 
-def test_step_applies_gradient_averaged_over_ranks(hvd: ModuleType) -> None:
+@pytest.mark.parametrize(
+    ("options", "passes", "step"),
+    [
+        pytest.param({}, 1, lambda n: (n + 1) / 2, id="average"),
+        pytest.param({"op": "Sum"}, 1, lambda n: n * (n + 1) / 2, id="sum"),
+        pytest.param({"gradient_predivide_factor": 4.0}, 1, lambda n: (n + 1) / 2, id="predivide"),
+        pytest.param({"num_groups": 2}, 1, lambda n: (n + 1) / 2, id="num_groups-deprecated"),
+        pytest.param({"backward_passes_per_step": 2}, 2, lambda n: 3 * (n + 1) / 2, id="two-passes"),
+    ],
+)
+def test_one_step_moves_every_weight_by_the_reduced_gradient(
+    hvd: ModuleType, options: dict[str, Any], passes: int, step: Callable[[int], float]
+) -> None:
+    """Pass k's loss is k (rank + 1) Σ params: one step (lr 1) moves every weight by `step(size)`. The
+    deprecated `num_groups` warns and behaves as `groups`; two passes before a step average their sum."""
+    options = {k: getattr(hvd, v) if k == "op" else v for k, v in options.items()}
     model = make_model(0)
-    opt = _wrapped(hvd, model)
+    deprecated = "num_groups" in options
+    with pytest.warns(DeprecationWarning, match="groups") if deprecated else contextlib.nullcontext():
+        opt = _wrapped(hvd, model, **options)
     before = _snapshot(model)
-    params_sum_loss(model, hvd.rank() + 1).backward()
+    for k in range(1, passes + 1):
+        params_sum_loss(model, k * (hvd.rank() + 1)).backward()
     opt.step()
-    _assert_moved_by(model, before, _mean_scale(hvd))
-
-
-def test_sum_op_and_predivide_factor(hvd: ModuleType) -> None:
-    model = make_model(0)
-    opt = _wrapped(hvd, model, op=hvd.Sum)
-    before = _snapshot(model)
-    params_sum_loss(model, hvd.rank() + 1).backward()
-    opt.step()
-    _assert_moved_by(model, before, hvd.size() * (hvd.size() + 1) / 2)
-
-    model = make_model(0)
-    opt = _wrapped(hvd, model, gradient_predivide_factor=4.0)
-    before = _snapshot(model)
-    params_sum_loss(model, hvd.rank() + 1).backward()
-    opt.step()
-    _assert_moved_by(model, before, _mean_scale(hvd))
+    _assert_moved_by(model, before, step(hvd.size()))
 
 
 def test_wrapper_is_a_subclass_of_the_wrapped_optimizer(hvd: ModuleType) -> None:
@@ -138,16 +143,6 @@ def test_partial_group_guards_zero_grad_then_reduces_at_step(hvd: ModuleType) ->
     opt.zero_grad()
 
 
-def test_num_groups_is_a_deprecated_alias(hvd: ModuleType) -> None:
-    model = make_model(0)
-    with pytest.warns(DeprecationWarning, match="groups"):
-        opt = _wrapped(hvd, model, num_groups=2)
-    before = _snapshot(model)
-    params_sum_loss(model, hvd.rank() + 1).backward()
-    opt.step()
-    _assert_moved_by(model, before, _mean_scale(hvd))
-
-
 def test_backward_passes_per_step_accumulates_locally(hvd: ModuleType) -> None:
     model = make_model(0)
     opt = _wrapped(hvd, model, backward_passes_per_step=2)
@@ -167,16 +162,6 @@ def test_backward_passes_per_step_accumulates_locally(hvd: ModuleType) -> None:
     params_sum_loss(model, hvd.rank() + 1).backward()
     opt.step()
     _assert_moved_by(model, before, _mean_scale(hvd))
-
-
-def test_two_passes_then_step_average_the_sum(hvd: ModuleType) -> None:
-    model = make_model(0)
-    opt = _wrapped(hvd, model, backward_passes_per_step=2)
-    before = _snapshot(model)
-    params_sum_loss(model, hvd.rank() + 1).backward()
-    params_sum_loss(model, 2 * (hvd.rank() + 1)).backward()
-    opt.step()
-    _assert_moved_by(model, before, 3 * _mean_scale(hvd))
 
 
 def test_synchronize_then_clip_then_step_under_skip_synchronize(hvd: ModuleType) -> None:
@@ -274,47 +259,40 @@ def test_load_state_dict_resets_accumulation(hvd: ModuleType) -> None:
 # --- errors raised synchronously, before any collective, on every rank ---
 
 
-def test_duplicate_names_raise_value_error(hvd: ModuleType) -> None:
+# (hvd, parameters, named parameters) -> the options DistributedOptimizer refuses, and the error's text
+REFUSED = [
+    pytest.param(
+        lambda hvd, ps, named: {"named_parameters": [("same", p) for p in ps]},
+        r"unique.*same",
+        id="duplicate-names",
+    ),
+    pytest.param(lambda hvd, ps, named: {"named_parameters": named[:-1]}, "not named", id="missing-name"),
+    pytest.param(lambda hvd, ps, named: {"named_parameters": ps}, "tuples", id="names-not-tuples"),
+    *(
+        pytest.param(lambda hvd, ps, named, g=g: {"groups": g}, "groups", id=f"groups-{g}")
+        for g in (-1, 0, True, "two")
+    ),
+    pytest.param(lambda hvd, ps, named: {"groups": [[ps[0]], [ps[0]]]}, "groups", id="groups-dup"),
+    pytest.param(lambda hvd, ps, named: {"groups": [[ps[0], "x"]]}, "groups", id="groups-not-a-tensor"),
+    pytest.param(
+        lambda hvd, ps, named: {"op": hvd.Sum, "gradient_predivide_factor": 2.0},
+        "gradient_predivide_factor",
+        id="predivide-needs-average",
+    ),
+    pytest.param(lambda hvd, ps, named: {"op": hvd.Adasum}, r"Adasum.*Average", id="adasum"),
+]
+
+
+@pytest.mark.parametrize(("options", "match"), REFUSED)
+def test_bad_options_raise_value_error(
+    hvd: ModuleType, options: Callable[..., dict[str, Any]], match: str
+) -> None:
     model = make_model(0)
-    named = [("same", p) for p in model.parameters()]
-    with pytest.raises(ValueError, match=r"unique.*same"):
-        hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1.0), named_parameters=named)
-
-
-def test_missing_names_raise_value_error(hvd: ModuleType) -> None:
-    model = make_model(0)
-    named = list(model.named_parameters())[:-1]
-    with pytest.raises(ValueError, match="not named"):
-        hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1.0), named_parameters=named)
-
-
-def test_non_tuple_names_raise_value_error(hvd: ModuleType) -> None:
-    model = make_model(0)
-    with pytest.raises(ValueError, match="tuples"):
+    params, named = list(model.parameters()), list(model.named_parameters())
+    with pytest.raises(ValueError, match=match):
         hvd.DistributedOptimizer(
-            torch.optim.SGD(model.parameters(), lr=1.0), named_parameters=list(model.parameters())
+            torch.optim.SGD(params, lr=1.0), **{"named_parameters": named, **options(hvd, params, named)}
         )
-
-
-@pytest.mark.parametrize("groups", [-1, 0, True, "two", "dup", "not-a-tensor"])
-def test_bad_groups_raise_value_error(hvd: ModuleType, groups: object) -> None:
-    model = make_model(0)
-    p = next(model.parameters())
-    spec = {"dup": [[p], [p]], "not-a-tensor": [[p, "x"]]}.get(groups, groups)  # type: ignore[call-overload]
-    with pytest.raises(ValueError, match="groups"):
-        _wrapped(hvd, model, groups=spec)
-
-
-def test_predivide_factor_needs_average(hvd: ModuleType) -> None:
-    model = make_model(0)
-    with pytest.raises(ValueError, match="gradient_predivide_factor"):
-        _wrapped(hvd, model, op=hvd.Sum, gradient_predivide_factor=2.0)
-
-
-def test_adasum_is_refused_clearly(hvd: ModuleType) -> None:
-    model = make_model(0)
-    with pytest.raises(ValueError, match=r"Adasum.*Average"):
-        _wrapped(hvd, model, op=hvd.Adasum)
 
 
 def test_one_rank_reduces_nothing_step_after_step(hvd: ModuleType) -> None:
