@@ -40,20 +40,10 @@ from mpi4py import MPI
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import ddp_models
+from bench_device_plane import rank_device
 
 import hpcring.torch as hvd
 from hpcring.torch import basics
-
-
-def rank_device(kind: str) -> torch.device:
-    """cuda:(LOCAL_RANK, or RANK under emulated nodes, modulo the GPU count): ranks share a GPU when there
-    are fewer GPUs than ranks (the MPI and one-rank-per-node hierarchical routes allow it)."""
-    if kind == "cpu":
-        return torch.device("cpu")
-    key = "RANK" if os.environ.get("HPCRING_EMULATE_NODES") else "LOCAL_RANK"
-    index = int(os.environ.get(key, "0")) % torch.cuda.device_count()
-    torch.cuda.set_device(index)
-    return torch.device("cuda", index)
 
 
 class Trainer:

@@ -82,9 +82,9 @@ def _view(t: Any, op: OpType = OpType.ALLREDUCE) -> _View:
 
 _NO_GROUP = frozenset(getattr(torch, name) for name in device_routes.NO_GROUP_DTYPES)
 
-# (device type, op) -> "cuda", "cuda+mpi" or "<type>+host" (staged by the caller, reduced on the host
+# (device type, op, init generation) -> "cuda", "cuda+mpi" or "<type>+host" (staged by the caller, reduced on the host
 # path; a distinct device name so that validation still refuses CPU tensors on one rank and GPU on another).
-_routes: dict[tuple[str, OpType], str] = {}
+_routes: dict[tuple[str, OpType, int], str] = {}
 
 _warned: set[Any] = set()
 
@@ -100,7 +100,7 @@ def _device_route(device_type: str, op: OpType = OpType.ALLREDUCE) -> str:
     """How `op`'s tensors of a non-CPU device type travel, decided once per process: CUDA tensors by NCCL or
     over MPI (`HOROVOD_GPU_OPERATIONS`, `HOROVOD_GPU_<OP>`, or a torch without NCCL, with one warning);
     other device types staged through host memory by the caller (one warning)."""
-    key = (device_type, op)
+    key = (device_type, op, basics._generation)  # a new init() may have other GPU settings
     route = _routes.get(key)
     if route is None:
         route = _routes[key] = _choose_route(device_type, op)

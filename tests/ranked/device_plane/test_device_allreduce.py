@@ -1,4 +1,4 @@
-"""Allreduce through the engine's device data plane (hpcring/collective/engine/device.py): every reduce op and
+"""Allreduce through the engine's device data plane (hpcring/engine/device_plane.py): every reduce op and
 dtype, scale factors, fusion of mixed sizes, in place and out of place, grouped, join, autograd.
 
 Launched at 2 and 4 ranks and on 2 emulated nodes x 2 with the hierarchical allreduce forced (then every
