@@ -82,8 +82,8 @@ def _view(t: Any, op: OpType = OpType.ALLREDUCE) -> _View:
 
 _NO_GROUP = frozenset(getattr(torch, name) for name in device_routes.NO_GROUP_DTYPES)
 
-# (device type, op, init generation) -> "cuda", "cuda+mpi" or "<type>+host" (staged by the caller, reduced on the host
-# path; a distinct device name so that validation still refuses CPU tensors on one rank and GPU on another).
+# (device type, op, init generation) -> "cuda", "cuda+mpi" or "<type>+host" (staged by the caller, reduced on
+# the host path; a device name of its own, so validation still refuses CPU tensors next to GPU ones).
 _routes: dict[tuple[str, OpType, int], str] = {}
 
 _warned: set[Any] = set()
