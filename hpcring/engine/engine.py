@@ -36,7 +36,7 @@ from typing import Any
 from hpcring.collective import kernels
 from hpcring.config import ALGORITHMS, EngineSettings
 from hpcring.engine.bitvector import _NO_ABORT, _NO_SHUTDOWN
-from hpcring.engine.caller_cycles import CallerCycles, _DeferredWake, wake_deferred
+from hpcring.engine.caller_cycles import CallerCycles, wake_deferred
 from hpcring.engine.engine_state import EngineState
 from hpcring.engine.execution import Executor
 from hpcring.engine.host_plane import HostPlane
@@ -87,6 +87,9 @@ class Engine:
         self._negotiator = Negotiator(state, self._mpi)
         self._executor = Executor(state, HostPlane(state, chunk, shm_slot, self._mpi.buffer), self)
         self._caller = CallerCycles(state, self._wake, self._cycle)
+        # The waiting thread's entry points, bound once: they run on every synchronous op.
+        self.deferred_wake = self._caller.deferred_wake
+        self.run_inline = self._caller.run_inline
         self._configure_logging()
         root = world.subset(range(world.size))  # the engine's own communicators, never the caller's
         self._register(0, tuple(range(world.size)), root)
@@ -157,14 +160,6 @@ class Engine:
                 self._submit_mixed(reqs, names, set_ids)
         if not wake_deferred():
             self._wake.put(None)
-
-    def deferred_wake(self) -> _DeferredWake:
-        """Submits inside the block leave the engine thread asleep: the caller runs `run_inline` next."""
-        return self._caller.deferred_wake()
-
-    def run_inline(self, handle: Handle, deferred: bool = False) -> None:
-        """Run the cycle on this thread until `handle` is done, when allowed (`caller_cycles.py`)."""
-        self._caller.run_inline(handle, deferred)
 
     def wake(self) -> None:
         """Wake the engine thread (after `deferred_wake`, when the caller does not run the cycle itself)."""

@@ -16,6 +16,7 @@ import numpy as np
 
 from hpcring.collective import dtypes, kernels
 from hpcring.collective.ops import ReduceOp
+from hpcring.collective.stages import unobserved
 from hpcring.collective.topology import Topology
 from hpcring.engine.engine_state import EngineState
 from hpcring.engine.host_buffers import _adjacent_span, _is_none, _postscale, _unpack
@@ -23,7 +24,7 @@ from hpcring.engine.joined import _neutral
 from hpcring.engine.request import OpType, Request, Signature
 from hpcring.engine.responses import _LOCAL, _OUTPUT, _SHAPE, _SIG, _SIG_NAME, _TENSOR, Response, numpy_dtype
 from hpcring.engine.set_state import SetState
-from hpcring.engine.timeline import Timeline, span, stage_hook
+from hpcring.engine.timeline import NULL_SPAN, Timeline, span, stage_hook
 from hpcring.errors import CollectiveError
 
 NDArray = np.ndarray[Any, Any]
@@ -93,7 +94,7 @@ class HostPlane:
             shm_min_ranks=ENGINE_SHM_MIN_RANKS,
             shm_round_bytes=ENGINE_SHM_ROUND_BYTES,
             finish=None if post == 1.0 else functools.partial(dtypes.scale, factor=post),
-            stages=stage_hook(timeline, names),
+            stages=unobserved if timeline is None else stage_hook(timeline, names),
         )
         self._state.stats["shm"] += used == "shm"
         return used
@@ -111,10 +112,10 @@ class HostPlane:
         dtype = numpy_dtype(sig.dtype)
         names = list(map(_SIG_NAME, batch)) if timeline is not None else []
         reqs: list[Any] = list(map(_LOCAL, batch))
-        if len(batch) == 1 and reqs[0] is not None and reqs[0].tensor is not None:
+        if len(batch) == 1 and reqs[0] is not None and reqs[0].tensor is not None:  # the latency path
             req = reqs[0]
             dst = req.output if req.output is not None else req.tensor
-            with span(timeline, names, "COLLECTIVE"):
+            with NULL_SPAN if timeline is None else timeline.span(names, "COLLECTIVE"):
                 self.reduce(st.topology, req.tensor, dst, sig, timeline, names)
             return [dst]
         if counts is None:

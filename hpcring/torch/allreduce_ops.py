@@ -51,7 +51,7 @@ def _allreduce_async(
     postscale_factor: float,
     process_set: ProcessSet,
 ) -> int:
-    """Submit one allreduce of `tensor` into `output` (`tensor` itself, or a fresh tensor like it).
+    """Submit one allreduce of `tensor` into `output`: `tensor` itself, or `fresh_output(tensor)`.
 
     One path for every input. Each check answers the common case (a training loop's gradients and metrics:
     a dense contiguous CPU tensor of a plain dtype, float factors, a registered set) with its first test and
@@ -76,10 +76,8 @@ def _allreduce_async(
     if set_id is None:
         set_id = basics._set_id(process_set)
     data = host_array(tensor)
-    out = None
-    if data is not None:
-        out = data if output is tensor else host_array(output)
-    if out is not None:  # the caller's own memory, viewed as it is: nothing to copy back
+    if data is not None:  # the caller's own memory, viewed as it is: nothing to copy back
+        out = data if output is tensor else output.numpy()  # `fresh_output`: contiguous, like the input
         full = _name("allreduce", name, process_set)
         sig = new_signature((full, _ALLREDUCE, dtype, tuple(tensor.shape), op_name, -1, pre, post, "cpu", ()))
         return _register(_Pending([_queue(Request(sig, set_id, data, out))], lambda _: output))

@@ -4,6 +4,7 @@ grouped call's requests are queued together."""
 from __future__ import annotations
 
 import itertools
+import operator
 import threading
 import warnings
 from collections.abc import Callable
@@ -145,9 +146,14 @@ def synchronize(handle: Any) -> Any:
     pending = _handle_map.pop(handle, None)
     if pending is None:
         return None
-    results = [h.wait() for h in pending.handles]
-    _after_device(pending.handles)
+    handles = pending.handles
+    results = [h.wait() for h in handles]
+    if list(map(_EVENT, handles)).count(None) != len(handles):  # a device op: its stream's events
+        _after_device(handles)
     return pending.finish(results)
+
+
+_EVENT = operator.attrgetter("event")
 
 
 def _after_device(handles: list[Handle]) -> None:
@@ -156,8 +162,6 @@ def _after_device(handles: list[Handle]) -> None:
     HOROVOD_ENABLE_ASYNC_COMPLETION the caller's current stream waits instead (the CPU goes on queueing
     work), and results are readable from that stream."""
     events = {id(h.event): h.event for h in handles if h.event is not None}
-    if not events:
-        return
     engine = basics._engine
     asynchronous = engine is not None and engine.settings.async_completion
     torch = _deps.torch()
