@@ -125,7 +125,7 @@ def poll(handle: int) -> bool:
 
 def wait_now(start: Callable[[], Any]) -> Any:
     """Start an op and wait for it at once (the synchronous ops): queued without waking the engine thread, so
-    that this thread can run the cycle itself when the engine is idle (engine/inline.py)."""
+    that this thread can run the cycle itself when the engine is idle (engine/caller_cycles.py)."""
     engine = basics._engine
     if engine is None:
         return synchronize(start())

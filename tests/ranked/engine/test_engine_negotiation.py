@@ -167,8 +167,9 @@ def test_tune_applies_rank_zeros_values_on_every_rank(engine: Engine, world: Top
 
 
 def test_inline_a_lone_request_runs_on_the_waiting_thread(engine: Engine, world: Topology) -> None:
-    """inline.py: a lone host request on an idle engine is cycled by the thread that waits for it; results
-    are the same, and ranks that wait inline and ranks that leave it to their engine thread pair up."""
+    """caller_cycles.py: a lone host request on an idle engine is cycled by the thread that waits for it;
+    results are the same, and ranks that wait inline and ranks that leave it to their engine thread pair
+    up."""
     n, r = world.size, world.rank
     before = engine.stats["inline"]
     for i in range(40):
