@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ranked_plugin import Launch, LaunchResult, RankLog, judge
+from ranked_records import LaunchResult, RankLog, judge
+from ranked_spec import Launch
 from support import ROOT
 
 A, B, C = (f"tests/ranked/demo/test_demo.py::test_{x}" for x in "abc")
@@ -139,7 +140,7 @@ def test_a_launch_that_never_ran_a_test_says_why() -> None:
 # --- end to end: a tiny ranked tree under the real launcher ---------------------------------------------
 
 DEMO_LAUNCHES = """
-from ranked_plugin import Launch
+from ranked_spec import Launch
 
 LAUNCHES = (
     Launch(("fails",), np=2, markers=(), timeout=120),

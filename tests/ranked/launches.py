@@ -7,7 +7,7 @@ Launches are few on purpose: each costs seconds of process start-up on 2 cores.
 
 from __future__ import annotations
 
-from ranked_plugin import Launch
+from ranked_spec import Launch
 
 # Node layout matters only to topology and allreduce (hierarchical); the other ops use the world group alone.
 COLLECTIVE_LAYOUT = (

@@ -11,7 +11,8 @@ import json
 from pathlib import Path
 
 import pytest
-from ranked_plugin import LaunchResult, uses_launches
+from ranked_records import LaunchResult
+from ranked_spec import uses_launches
 
 
 @pytest.mark.mpi

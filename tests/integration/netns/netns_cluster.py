@@ -88,7 +88,7 @@ def reap_stale() -> list[str]:
 
 
 class RankedSite:
-    """Two fake nodes for a ranked launch (ranked_plugin.Site): up at the first launch that needs them, down
+    """Two fake nodes for a ranked launch (ranked_spec.Site): up at the first launch that needs them, down
     after the last one (always, also when `up` fails half-way). mpiexec runs on the first node (ci/on-node),
     the remote daemons start through ci/netns-rsh, np/2 slots per node. The first node's eth0 counters,
     read from outside around each launch, go into the launch result's extras["link_bytes"] as (tx, rx)."""

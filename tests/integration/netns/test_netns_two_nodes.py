@@ -12,7 +12,8 @@ we also read the first node's eth0 counters from outside as an independent check
 from __future__ import annotations
 
 import pytest
-from ranked_plugin import LaunchResult, uses_launches
+from ranked_records import LaunchResult
+from ranked_spec import uses_launches
 
 BIG = 8 << 20  # must match the ranked test: one BIG allreduce (plus a warm-up) per algorithm
 
