@@ -34,6 +34,9 @@ class ReduceOp(enum.Enum):
         return ReduceOp.SUM if self is ReduceOp.AVERAGE else self
 
 
+# By the agreed name (a signature's `reduce_op`): a dict lookup; Enum's by-value lookup runs Python code.
+BY_VALUE: dict[str, ReduceOp] = {op.value: op for op in ReduceOp}
+
 _ALIASES = {"avg": ReduceOp.AVERAGE, "mean": ReduceOp.AVERAGE, "prod": ReduceOp.PRODUCT}
 
 

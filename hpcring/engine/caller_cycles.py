@@ -173,7 +173,3 @@ class CallerCycles:
         if isinstance(end, _Ended):
             return True
         raise end
-
-    def ended(self) -> bool:
-        """An inline cycle ended the engine and the engine thread has not taken it yet."""
-        return self._end is not None

@@ -25,9 +25,8 @@ from hpcring.collective.topology import Topology
 class Lane:
     """One communication stream (CUDA) and what runs on it."""
 
-    def __init__(self, index: int, device: Any, carrier: str, topo: Topology, stats: dict[str, int]) -> None:
+    def __init__(self, device: Any, carrier: str, topo: Topology, stats: dict[str, int]) -> None:
         torch = _deps.torch()
-        self.index = index
         self.device = device
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self._carrier = carrier

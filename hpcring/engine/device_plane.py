@@ -34,8 +34,9 @@ import numpy as np
 
 from hpcring import _deps
 from hpcring.collective import kernels
-from hpcring.collective.arrays import numpy_view
+from hpcring.collective.arrays import numpy_view, to_kind
 from hpcring.collective.kernels import HIERARCHICAL_MIN_BYTES, TorchTransport, part_sizes
+from hpcring.collective.ops import BY_VALUE as REDUCE_OPS
 from hpcring.collective.ops import ReduceOp
 from hpcring.collective.stages import (
     CROSS_ALLREDUCE,
@@ -47,7 +48,6 @@ from hpcring.collective.stages import (
 from hpcring.config import EngineSettings
 from hpcring.engine.device_lanes import Lane
 from hpcring.engine.device_routes import (
-    REDUCE_OPS,
     ROUTES,
     average_,
     neutral,
@@ -115,7 +115,7 @@ class SetPlane:
         self.device_type, self.carrier = route_of(route)
         self.device = rank_device(self.device_type, topo)
         count = max(1, settings.num_streams)
-        self.lanes = [Lane(i, self.device, self.carrier, topo, stats) for i in range(count)]
+        self.lanes = [Lane(self.device, self.carrier, topo, stats) for _ in range(count)]
         self._turn = 0
         # "NCCL inside a node, MPI between nodes" for the ops that have no three-stage form.
         nodes = len(topo.node_sizes)
@@ -222,7 +222,7 @@ class SetPlane:
     def _reduce(self, lane: Lane, buf: Any, sig: Signature, hier: bool, stages: StageHook) -> None:
         """buf (1-D, on the device) = allreduce over the set, with the agreed op and scale factors."""
         op = REDUCE_OPS[sig.reduce_op]
-        wire = ReduceOp.SUM if op is ReduceOp.AVERAGE else op
+        wire = op.base
         scale_(buf, sig.prescale)
         if self.topo.size > 1:
             if not hier:
@@ -260,10 +260,6 @@ class SetPlane:
 
     def _stage_out(self, lane: Lane, packed: Any, slot: str) -> Any:
         """`packed` (1-D, on the device) copied to this lane's host buffer `slot`, the copy complete."""
-        if packed.device.type == "cpu" and lane.stream is None:
-            host = lane.buffer(slot, packed.dtype, packed.numel(), host=True)
-            host.copy_(packed)
-            return host
         host = lane.buffer(slot, packed.dtype, packed.numel(), host=True)
         host.copy_(packed, non_blocking=True)
         lane.synchronize()  # MPI reads it next: this thread waits for the copy, the training stream does not
@@ -303,7 +299,6 @@ class SetPlane:
         """allgather, broadcast, alltoall or reducescatter through host memory over MPI, with the host
         plane's own arithmetic; results back on the device, on the lane."""
         self._count("staged")
-        torch = _deps.torch()
         sig, (src, out) = r.sig, tensors(r)
         assert r.local is not None and src is not None  # joined ranks are refused in negotiation
         with self.span(lane, timeline, names, "COLLECTIVE"):
@@ -316,8 +311,8 @@ class SetPlane:
                 return out
             if sig.op_type is OpType.ALLTOALL:
                 rows, received = result
-                return _on_device(torch, rows, self.device), received
-            return _on_device(torch, result, self.device)
+                return _on_device(rows, self.device), received
+            return _on_device(result, self.device)
 
     # -- the other operations over process groups (one call each)
 
@@ -426,16 +421,11 @@ def _unpack(batch: Sequence[Response], counts: list[int], buf: Any) -> list[Any]
     return results
 
 
-def _on_device(torch: Any, array: np.ndarray[Any, Any], device: Any) -> Any:
+def _on_device(array: np.ndarray[Any, Any], device: Any) -> Any:
     """A host result as a tensor on `device` (a copy queued on the current lane; pageable memory is copied
     before the call returns)."""
-    t = torch.from_numpy(np.ascontiguousarray(array)) if array.dtype.kind != "V" else _bfloat16(torch, array)
+    t = to_kind(array, torch_like=True)
     return t if device.type == "cpu" else t.to(device, non_blocking=True)
-
-
-def _bfloat16(torch: Any, array: np.ndarray[Any, Any]) -> Any:
-    """An ml_dtypes bfloat16 array as a torch bfloat16 tensor (same bits)."""
-    return torch.from_numpy(np.ascontiguousarray(array).view(np.int16)).view(torch.bfloat16)
 
 
 # ---------------------------------------------------------------------- the engine's entry point

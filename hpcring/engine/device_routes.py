@@ -21,7 +21,6 @@ import os
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from hpcring import _deps
-from hpcring.collective.ops import ReduceOp
 from hpcring.errors import CollectiveError
 
 if TYPE_CHECKING:
@@ -56,7 +55,6 @@ HOST_STAGED = "+host"
 NO_GROUP_DTYPES = frozenset({"int16"})
 MPI_ROUTE_OF = {CUDA: CUDA_MPI, CPU_GLOO: CPU_MPI}
 
-REDUCE_OPS = {op.value: op for op in ReduceOp}
 
 _last_device: dict[str, Any] = {}  # device type -> the torch.device this process last submitted a tensor on
 

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from hpcring.collective import dtypes, kernels
-from hpcring.collective.ops import ReduceOp
+from hpcring.collective.ops import BY_VALUE as _REDUCE_OPS
 from hpcring.collective.stages import unobserved
 from hpcring.collective.topology import Topology
 from hpcring.engine.engine_state import EngineState
@@ -29,7 +29,6 @@ from hpcring.errors import CollectiveError
 
 NDArray = np.ndarray[Any, Any]
 
-_REDUCE_OPS = {op.value: op for op in ReduceOp}  # by agreed name; Enum's by-value lookup is slow
 
 # Out of place from this size on: copy the input into the output and reduce there in place. A fresh output is
 # untouched memory, and the algorithms' transfers into it fault its pages in far slower than one copy does.

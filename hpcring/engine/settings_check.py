@@ -21,7 +21,7 @@ def check_settings_agree(comm: Any, settings: EngineSettings, collective: Sequen
         ("HPCRING_CACHE_CAPACITY", settings.cache_capacity),
         ("HPCRING_ALLREDUCE_ALGORITHM", settings.allreduce_algorithm),
         ("HPCRING_DEVICE_CROSS", settings.device_cross),
-        ("HOROVOD_NUM_NCCL_STREAMS", settings.num_streams),
+        ("HPCRING_NUM_NCCL_STREAMS", settings.num_streams),
         *collective,
     )
     every: list[tuple[tuple[str, Any], ...]] = comm.allgather(tuple(mine))

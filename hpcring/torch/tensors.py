@@ -36,7 +36,14 @@ class _View:
         self.device = device
 
 
-_dtype_names: dict[Any, str] = {}  # torch dtype -> supported dtype name (`str(dtype)` costs microseconds)
+# torch dtype -> name, for the dtypes whose tensors numpy views directly and every reduce op accepts (bool
+# has op limits and bfloat16 needs ml_dtypes' view: both take the general branches).
+PLAIN_DTYPES: dict[Any, str] = {
+    getattr(torch, n): n for n in dtypes.SUPPORTED if n not in ("bool", "bfloat16") and hasattr(torch, n)
+}
+# torch dtype -> supported dtype name: the plain ones, and the others once `_check_dtype` has seen them
+# (`str(dtype)` costs microseconds).
+_dtype_names: dict[Any, str] = dict(PLAIN_DTYPES)
 
 
 def _check_dtype(t: Any, what: str) -> str:
@@ -184,7 +191,7 @@ def _submit(
         dtype, data = dtypes.name_of(src.array.dtype), src.array
         out = None if output is None else output.array
     else:  # a device route: the engine gets the tensors themselves
-        dtype, data = _check_dtype(src.tensor, op_type.value), src.tensor
+        dtype, data = _dtype_names[src.tensor.dtype], src.tensor  # every caller checked the dtype
         out = None if output is None else output.tensor
         if data.is_cuda:
             ready = _ready(src)
@@ -214,11 +221,6 @@ def _queue(req: Request) -> Handle:
 
 # ---------------------------------------------------------------------- the host route's common case
 
-# dtype -> name for the dtypes whose tensors numpy views directly and every reduce op accepts (bool has op
-# limits and bfloat16 needs ml_dtypes' view: both take the general branches).
-PLAIN_DTYPES: dict[Any, str] = {
-    getattr(torch, n): n for n in dtypes.SUPPORTED if n not in ("bool", "bfloat16") and hasattr(torch, n)
-}
 _STRIDED = torch.strided
 TENSOR = torch.Tensor
 # A Signature from one tuple, built in C (the NamedTuple's generated __new__ is a Python call): the tuple
