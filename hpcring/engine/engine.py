@@ -71,6 +71,8 @@ class Engine:
         self.world_rank: int = world.rank
         self.world_size: int = world.size
         self._state = state = EngineState(settings)
+        # Read on every tensor's submit; `tune` never changes it (a plain attribute, not a property hop).
+        self.cpu_tensors_on_host = settings.cpu_device_plane == "off"
         # Wake-up tokens for the engine thread: a C queue, so a submit wakes it with one hand-off (a Condition
         # would wake it while the submitter still holds the lock, costing a second switch).
         self._wake: queue.SimpleQueue[None] = queue.SimpleQueue()

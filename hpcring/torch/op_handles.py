@@ -148,7 +148,10 @@ def synchronize(handle: Any) -> Any:
         return None
     handles = pending.handles
     results = [h.wait() for h in handles]
-    if list(map(_EVENT, handles)).count(None) != len(handles):  # a device op: its stream's events
+    if len(handles) == 1:  # one op: a plain check
+        if handles[0].event is not None:
+            _after_device(handles)
+    elif list(map(_EVENT, handles)).count(None) != len(handles):  # a device op: its stream's events
         _after_device(handles)
     return pending.finish(results)
 

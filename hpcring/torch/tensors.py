@@ -240,7 +240,7 @@ def host_array(t: Any) -> Any:
         and t.is_contiguous()
         and t.dtype in PLAIN_DTYPES
         and engine is not None
-        and engine.settings.cpu_device_plane == "off"
+        and engine.cpu_tensors_on_host
     ):
         return t.numpy()
     return None
