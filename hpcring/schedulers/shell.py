@@ -14,6 +14,34 @@ from collections.abc import Iterable
 from hpcring.errors import ConfigError
 
 _BARE = re.compile(r"^[A-Za-z0-9_./:%+,@=-]+$")
+# Bash's reserved words: `shlex.quote` leaves them bare (they are safe characters), and bare they are still
+# arguments where we write them, but shellcheck takes `then`, `do`... as misplaced keywords (SC1010).
+_RESERVED = frozenset(
+    [
+        "!",
+        "case",
+        "coproc",
+        "do",
+        "done",
+        "elif",
+        "else",
+        "esac",
+        "fi",
+        "for",
+        "function",
+        "if",
+        "in",
+        "select",
+        "then",
+        "time",
+        "until",
+        "while",
+        "{",
+        "}",
+        "[[",
+        "]]",
+    ]
+)
 
 
 class Raw(str):
@@ -23,7 +51,8 @@ class Raw(str):
 
 
 def quote(value: object) -> str:
-    r"""One shell word: `shlex.quote`, except for `Raw` expressions and words holding a backslash.
+    r"""One shell word: `shlex.quote`, except for `Raw` expressions, bash's reserved words (quoted, so no
+    reader takes them for keywords) and words holding a backslash.
 
     `shlex.quote("a" + "\\")` is `'a\'`: right for bash, but shellcheck reads a backslash before a closing
     quote as an attempt to escape it (SC1003). Such words are quoted piece by piece instead: the text between
@@ -32,6 +61,8 @@ def quote(value: object) -> str:
     if isinstance(value, Raw):
         return str(value)
     text = str(value)
+    if text in _RESERVED:
+        return f"'{text}'"
     if "\\" not in text:
         return shlex.quote(text)
     out = []

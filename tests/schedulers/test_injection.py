@@ -14,7 +14,7 @@ from typing import Any
 
 import hypothesis.strategies as st
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from sched_helpers import make_plan, render_plan, shellcheck
 
 from hpcring.errors import ConfigError
@@ -275,6 +275,8 @@ _RANDOM = st.text(
 @pytest.mark.parametrize("name", ["generic-pbs", "generic-flux"])
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(payload=_RANDOM)
+@example(payload="then")  # a bash keyword: safe characters, yet shellcheck reads it bare as a keyword
+@example(payload="done")
 def test_random_strings_pbs_flux_round_trip_and_shellcheck(
     name: str, payload: str, sandbox: dict[str, Any]
 ) -> None:
@@ -405,3 +407,18 @@ def test_every_launcher_shellcheck_clean_with_hostile_fields(tmp_path: Path) -> 
                     script.write_text(render_plan(p))
                     scripts.append(script)
     shellcheck(*scripts)
+
+
+def test_bash_keywords_are_quoted_as_words() -> None:
+    """`shlex.quote` leaves keywords bare; the scripts' quoting does not, so shellcheck never reads a
+    value as a misplaced `then` or `do` (SC1010)."""
+    from hpcring.schedulers.shell import join, quote
+
+    assert [quote(w) for w in ("then", "do", "{", "ok", "then now")] == [
+        "'then'",
+        "'do'",
+        "'{'",
+        "ok",
+        "'then now'",
+    ]
+    assert join(["python3", "fi"]) == "python3 'fi'"
