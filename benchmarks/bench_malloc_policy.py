@@ -8,7 +8,7 @@ SGD, no communication) and `distopt` (hpcring's DistributedOptimizer). For each 
 synchronize, the optimizer's step) rank 0 prints the median wall time and the median number of minor page
 faults its main thread took (`getrusage(RUSAGE_THREAD)`). The allocator's thresholds are process-wide, so
 the two settings of `HPCRING_HEAP_TUNING` (hpcring/malloc_policy.py) take two launches; `plain` is the
-control for the machine's load in each. This is the profile behind docs/engine.md, "The heap".
+control for the machine's load in each. This is the profile behind docs/dev/engine.md, "The heap".
 """
 
 from __future__ import annotations

@@ -89,7 +89,7 @@ def mlp200() -> nn.Module:
     the activations' variance about 6-fold, so past a few dozen layers they are subnormal floats, and x86
     cores take a microcode assist for every operation on one: on the CI machine of 2026-11-27 backward took
     45.5 ms with the default initialisation against 6.6 ms with subnormals flushed to zero, and the
-    benchmark measured those assists instead of the gradient path (docs/bench-ddp.md, "Subnormal floats")."""
+    benchmark measured those assists instead of the gradient path (docs/dev/bench-ddp.md, "Subnormal floats")."""
     mods: list[nn.Module] = []
     for _ in range(100):
         layer = nn.Linear(128, 128)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Hierarchical vs flat-ring allreduce on a fake 2-node cluster with a slow link (see docs/bench-netns.md).
+# Hierarchical vs flat-ring allreduce on a fake 2-node cluster with a slow link (see docs/dev/bench-netns.md).
 #
 #   benchmarks/netns_hierarchical.sh [RATE]        RATE: tbf rate per node and direction (default 1gbit)
 #
@@ -49,7 +49,7 @@ extra=()
 [ "${STAGES:-0}" = 1 ] && extra+=(--stages)
 # UCX (MPICH) would use shared memory between namespaces of one kernel: force TCP so the link is used.
 # (The published MPICH figures were taken over UCX. If MPI_Init fails at random, that is MPICH's PMI
-# segment bug with UCX cards, docs/slurm-ci.md: run with MPIR_CVAR_CH4_NETMOD=ofi FI_PROVIDER=tcp
+# segment bug with UCX cards, docs/dev/slurm-ci.md: run with MPIR_CVAR_CH4_NETMOD=ofi FI_PROVIDER=tcp
 # FI_TCP_IFACE=eth0 in the environment, as tests/integration/netns does.)
 # The fake nodes share this machine's cores, which Open MPI cannot see: ask it to yield when idle.
 {

@@ -59,7 +59,7 @@ class EngineSettings:
     stall_check_disable: bool = False
     allreduce_algorithm: str = "auto"
     log_level: str = "warning"
-    # The device data plane (hpcring/engine/device_plane.py, docs/engine.md "GPU tensors"):
+    # The device data plane (hpcring/engine/device_plane.py, docs/dev/engine.md "GPU tensors"):
     cpu_device_plane: str = "off"  # "gloo"/"mpi": CPU torch tensors take the device plane's routes (CI)
     device_cross: str = "mpi"  # hierarchical cross-node stage: MPI on a host copy, or the device backend
     num_streams: int = 1  # communication streams (lanes) per device and process set

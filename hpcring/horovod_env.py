@@ -2,7 +2,7 @@
 
 Horovod users carry tuned environments from job to job. A variable hpcring does not act on must not be
 ignored in silence: `init()` reports, once and on rank 0, each such variable that is set, with what hpcring
-does instead. The table in docs/torch.md ("HOROVOD_* variables") is this registry in prose; a test keeps
+does instead. The table in docs/guide/torch.md ("HOROVOD_* variables") is this registry in prose; a test keeps
 the two in step.
 
 Sources: horovod/common/common.h (the runtime's variables), horovod/common/operations.cc and
@@ -72,7 +72,7 @@ VARIABLES: tuple[HorovodVariable, ...] = (
         "AUTOTUNE",
         True,
         "tunes the fusion threshold and cycle time during the first optimizer steps from measured step "
-        "times (a coordinate search rather than Horovod's Bayesian optimisation; docs/torch.md, Autotuning)",
+        "times (a coordinate search rather than Horovod's Bayesian optimisation; docs/guide/torch.md, Autotuning)",
     ),
     _v(
         "AUTOTUNE_LOG",
@@ -109,7 +109,7 @@ VARIABLES: tuple[HorovodVariable, ...] = (
         "CONTROLLER",
         True,
         "negotiation runs over MPI; the gloo controller is not available (elastic jobs re-form their MPI "
-        "world instead: docs/elastic.md)",
+        "world instead: docs/guide/elastic.md)",
         ("mpi",),
     ),
     _v(
@@ -235,7 +235,7 @@ def report_ignored(
     lines = ignored_settings(os.environ if env is None else env)
     if lines:
         (emit or log.warning)(
-            "Horovod settings that hpcring does not act on (docs/torch.md, HOROVOD_* variables):\n  "
+            "Horovod settings that hpcring does not act on (docs/guide/torch.md, HOROVOD_* variables):\n  "
             + "\n  ".join(lines)
         )
     return len(lines)

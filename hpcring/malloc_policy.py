@@ -5,7 +5,7 @@ threshold is free there. A CPU training step allocates and frees tens of MiB of 
 under that policy part of them goes back to the kernel every step and returns as minor page faults in the
 next; which part depends on the heap's layout, so it differs between models of one process. With a fixed
 mmap threshold (glibc's own dynamic ceiling) and a trim threshold of 256 MiB, those faults are gone; the cost
-is at most that much free heap top kept mapped per arena (docs/engine.md, "The heap").
+is at most that much free heap top kept mapped per arena (docs/dev/engine.md, "The heap").
 
 `init()` of `hpcring.torch` applies it once per process, unless `HPCRING_HEAP_TUNING=0`, the user chose
 the allocator's settings (`MALLOC_MMAP_THRESHOLD_`, `MALLOC_TRIM_THRESHOLD_`, `MALLOC_TOP_PAD_`,

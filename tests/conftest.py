@@ -1,7 +1,7 @@
 """Shared test plumbing.
 
 Multi-rank tests are ordinary pytest files under `tests/ranked/`; each rank runs them, computing expectations
-from its rank and the world size. The ranked plugin (tests/ranked_plugin.py, docs/testing.md) reports each
+from its rank and the world size. The ranked plugin (tests/ranked_plugin.py, docs/dev/testing.md) reports each
 of them, under each launch declared in tests/ranked/launches.py, as an item of this suite, and runs the
 launches through the real launcher under a timeout. Other multi-rank programs are launched with the
 `hpcring_run` fixture below. Importable helpers live in `tests/support.py`.

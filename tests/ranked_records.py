@@ -1,5 +1,5 @@
 """The ranks' records and the verdict on one test: what each rank writes per test phase (inner side), and how
-the outer pytest turns every rank's records into one outcome (`judge`; docs/testing.md)."""
+the outer pytest turns every rank's records into one outcome (`judge`; docs/dev/testing.md)."""
 
 from __future__ import annotations
 

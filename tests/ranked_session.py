@@ -1,5 +1,5 @@
 """The outer side's launches: which items each launch runs, learning the inner test ids (one collect-only
-subprocess per Python environment), starting each launch once, and its result (docs/testing.md)."""
+subprocess per Python environment), starting each launch once, and its result (docs/dev/testing.md)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
-"""horovodrun's flags on `hpcring run`, for a migrating user's command line (docs/launcher.md).
+"""horovodrun's flags on `hpcring run`, for a migrating user's command line (docs/guide/launcher.md).
 
 Each flag is honoured, or refused with one line that says why and what to use instead; a mistake on the
 command line is one line too, never an argparse usage dump. The elastic flags build an `ElasticSpec`
-(docs/elastic.md). `--config-file` reads Horovod's YAML; flags on the command line win over it, as in
+(docs/guide/elastic.md). `--config-file` reads Horovod's YAML; flags on the command line win over it, as in
 horovodrun.
 """
 
@@ -67,7 +67,7 @@ def _one_line_error(prog: str) -> Callable[[str], NoReturn]:
 def register(parser: argparse.ArgumentParser) -> None:
     """horovodrun's flags that hpcring's own set lacks."""
     parser.error = _one_line_error(parser.prog)  # type: ignore[method-assign,assignment]
-    el = parser.add_argument_group("elastic training (horovodrun's flags; docs/elastic.md)")
+    el = parser.add_argument_group("elastic training (horovodrun's flags; docs/guide/elastic.md)")
     add = el.add_argument
     add("--min-np", "--min-num-proc", default=env("HPCRING_MIN_NP"), metavar="N", help="HPCRING_MIN_NP")
     add("--max-np", "--max-num-proc", default=env("HPCRING_MAX_NP"), metavar="N", help="HPCRING_MAX_NP")

@@ -1,7 +1,7 @@
 """hpcring's collective layer: topology, reduce ops and the data operations, over a pluggable transport.
 
 Importing this package does not import mpi4py or torch; they are loaded by `init()` and by the first tensor
-that arrives. See docs/collectives.md for semantics, dtypes, algorithms and the `auto` rule.
+that arrives. See docs/guide/collectives.md for semantics, dtypes, algorithms and the `auto` rule.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 The `auto` rule is a pure function of the message size, whether MPI can reduce the dtype itself, and the node
 layout, so it is unit-tested without MPI and documented (with the measurements behind its thresholds) in
-docs/collectives.md. Every rank computes the same choice from the same agreed inputs.
+docs/guide/collectives.md. Every rank computes the same choice from the same agreed inputs.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ ALGORITHM_ENV = "HPCRING_ALLREDUCE_ALGORITHM"
 CHUNK_ENV = "HPCRING_RING_CHUNK_BYTES"
 SEGMENT_ENV = "HPCRING_HIER_SEGMENT_BYTES"
 
-# Thresholds of the auto rule (see docs/collectives.md, "How auto chooses").
+# Thresholds of the auto rule (see docs/guide/collectives.md, "How auto chooses").
 RING_MIN_BYTES = 1 << 20  # from here on our pipelined ring beats MPI's allreduce on one node
 HALF_RING_MIN_BYTES = 64 << 10  # float16/bfloat16 from here on: our ring (native widens to float32)
 SHM_MIN_BYTES = 1 << 20  # one node with SHM_MIN_RANKS ranks or more, at least this big: shared memory

@@ -2,7 +2,7 @@
 
 A synchronous op (`hvd.allreduce(x)`) on an idle engine would go: the caller queues the request and wakes the
 engine thread, blocks; the engine thread wakes, runs the cycle, completes the handle and wakes the caller.
-Each hand-off is an OS switch plus the GIL, a large share of a small op's latency (docs/engine.md, "The
+Each hand-off is an OS switch plus the GIL, a large share of a small op's latency (docs/dev/engine.md, "The
 waiting thread runs the cycle").
 
 So a thread about to block on a handle first tries to run the cycle itself: when the request is the only one

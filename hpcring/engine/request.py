@@ -82,7 +82,7 @@ def signature_shape(op_type: OpType, shape: tuple[int, ...]) -> tuple[int, ...]:
 # `_registry`; the engine marks a whole batch of handles done under `_registry`, lets go of it, and only then
 # opens the gates. (A per-handle Event is costly to create; and any Condition wakes the waiter while the
 # notifier still holds the condition's lock, so the waiter wakes, blocks on that lock and is woken a second
-# time, an extra switch that a crowded CPU makes expensive: docs/engine.md, "Cost of a request".)
+# time, an extra switch that a crowded CPU makes expensive: docs/dev/engine.md, "Cost of a request".)
 _registry = threading.Lock()
 
 

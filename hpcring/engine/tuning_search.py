@@ -4,7 +4,7 @@ Horovod scores a setting by the bytes its engine reduced per second and searches
 hpcring scores it by training steps per second (the same bytes move every step, so this is Horovod's score
 with the compute time the settings also change included) and runs a coordinate search over a short grid
 (`FUSION_GRID`, then `CYCLE_GRID_MS` at the best threshold, then the winner against the start once more),
-ending after at most `max_samples` scored samples (docs/torch.md, "Autotuning").
+ending after at most `max_samples` scored samples (docs/guide/torch.md, "Autotuning").
 
 Only the rank that decides (rank 0 of the global set) runs an `Autotuner`. This module is pure search logic: a
 driver runs each proposed setting for one sample, reports its score, and applies the next proposal on every

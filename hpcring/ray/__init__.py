@@ -1,7 +1,7 @@
 """Horovod's Ray integration (`horovod.ray`): `RayExecutor` and `ElasticRayExecutor` over hpcring.
 
 Importing this package loads neither Ray nor MPI; the executors import Ray when created (the `ray` extra:
-`pip install 'hpcring[ray]'`). The workers need MPICH (docs/ray.md).
+`pip install 'hpcring[ray]'`). The workers need MPICH (docs/guide/ray.md).
 """
 
 from __future__ import annotations

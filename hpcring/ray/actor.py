@@ -57,7 +57,7 @@ def mpich_mpiexec() -> str:
         raise ConfigError(
             f"hpcring.ray needs MPICH's mpiexec to start its workers, found {install.version} at "
             f"{install.mpiexec}: install 'hpcring[mpich]' in the Ray workers' environment or set "
-            f"{MPIEXEC_VARIABLE} to MPICH's mpiexec (docs/ray.md says why Open MPI cannot)"
+            f"{MPIEXEC_VARIABLE} to MPICH's mpiexec (docs/guide/ray.md says why Open MPI cannot)"
         )
     return install.mpiexec
 

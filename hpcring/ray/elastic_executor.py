@@ -1,5 +1,5 @@
 """`ElasticRayExecutor`: Horovod's elastic Ray API (horovod/ray/elastic.py) on hpcring's restart-based
-elastic training (`hpcring.torch.elastic`, docs/elastic.md).
+elastic training (`hpcring.torch.elastic`, docs/guide/elastic.md).
 
 MPI cannot shrink a running world, so a world that loses a worker is ended and a new one is formed from
 the live actors, plus new actors where Ray has room, between `min_num_proc` and `max_num_proc`. Each world's
@@ -9,7 +9,7 @@ when an actor dies (its slot is not used again: Ray's unit is the slot, where Ho
 or a worker process ends by itself (`RESET_EXIT_CODE`, a failed collective); an exception the function
 raises while its process and actor live is raised to the caller, as in a non-elastic run. `reset_limit`
 bounds the re-formations; fewer than `min_num_proc` slots for longer than `elastic_timeout` ends the run
-with an error (docs/ray.md).
+with an error (docs/guide/ray.md).
 """
 
 from __future__ import annotations

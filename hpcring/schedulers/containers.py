@@ -1,7 +1,7 @@
 """Container wrapping: the host launcher starts the runtime on every rank, which starts the rank command.
 
 `srun ... apptainer exec --rocm --bind /opt/cray --env LD_LIBRARY_PATH=... image.sif python train.py`.
-Two ways to get MPI inside (docs/containers.md, "Hybrid MPI"):
+Two ways to get MPI inside (docs/guide/containers.md, "Hybrid MPI"):
 
 - hybrid model (no `host_mpi` in the profile): the image's own MPI talks to the host launcher through PMI;
 - bind model (`host_mpi`): the host's MPI directories are bound in and its ABI-compatible libmpi replaces the

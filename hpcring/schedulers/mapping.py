@@ -2,7 +2,7 @@
 
 All nodes of a profile are identical, so the placement is computed once per distinct ranks-per-node count
 (one, or two when ranks do not divide evenly and the profile allows it) and replicated, and ranks are produced
-lazily: a machine-size job maps about as fast as a small one (timings in docs/schedulers.md).
+lazily: a machine-size job maps about as fast as a small one (timings in docs/dev/schedulers.md).
 
 Invariants (checked by property tests): no CPU is given to two ranks of a node; in isolated and shared mode
 alike each GPU is given to one rank; a rank's CPUs lie in its GPUs' NUMA domains whenever those domains have

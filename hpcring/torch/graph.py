@@ -4,7 +4,7 @@ Each differentiable op of `hpcring.torch` is a `torch.autograd.Function`, as in 
 fixed cost per call (a context, bookkeeping of inputs and outputs) whether or not anything will be
 differentiated, and most calls differentiate nothing: a metric or a loss being averaged, parameters being
 broadcast. There `run_op` runs the Function's forward alone, with a throwaway context; for such inputs
-`apply` gives the same tensors, with no graph either (docs/engine.md, "Out-of-place allreduce", has the
+`apply` gives the same tensors, with no graph either (docs/dev/engine.md, "Out-of-place allreduce", has the
 figures)."""
 
 from __future__ import annotations

@@ -178,7 +178,7 @@ def _after_device(handles: list[Handle]) -> None:
 class _Batch(threading.local):
     """Per thread: the requests of the grouped call being built (`_submit_group`), else None. A class-level
     default, not `getattr(local, "batch", None)`: that raises and catches an AttributeError inside on every
-    submit of a thread that never grouped (docs/engine.md, "Cost of a request")."""
+    submit of a thread that never grouped (docs/dev/engine.md, "Cost of a request")."""
 
     batch: list[Any] | None = None
 

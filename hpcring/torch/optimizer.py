@@ -8,7 +8,7 @@ parameters changes, the next step goes per tensor again and the buckets are rebu
 As in Horovod the wrapper is a dynamic subclass of the optimizer's class, so `isinstance` checks and LR
 schedulers keep working.
 
-Differences from Horovod, each removing a way for ranks to hang or disagree (docs/torch.md): a parameter
+Differences from Horovod, each removing a way for ranks to hang or disagree (docs/guide/torch.md): a parameter
 that got no gradient on this rank is reduced as zeros, a group only partly ready at `synchronize()` is
 reduced as a whole, and the wrapped optimizer's state is kept (Horovod rebuilds the optimizer and drops it).
 """

@@ -1,7 +1,7 @@
 """Every launch of the ranked tests: which files run on how many ranks, with which MPI, nodes and settings.
 
 The outer pytest turns each (ranked test, launch) into one item, `...::test_x[openmpi-np4]`, and starts each
-launch once per session (tests/ranked_plugin.py; docs/testing.md). Paths are relative to tests/ranked.
+launch once per session (tests/ranked_plugin.py; docs/dev/testing.md). Paths are relative to tests/ranked.
 Launches are few on purpose: each costs seconds of process start-up on 2 cores.
 """
 
@@ -112,7 +112,7 @@ LAUNCHES = (
         )
         for np in (1, 2, 4)
     ),
-    # Two fake nodes (network namespaces), two ranks each, over real TCP (root only; see docs/fake-cluster.md;
+    # Two fake nodes (network namespaces), two ranks each, over real TCP (root only; see docs/dev/fake-cluster.md;
     # tests/integration/netns/test_netns_two_nodes.py checks the link counters).
     # The fake nodes share this machine's cores, which Open MPI cannot see: it yields when idle.
     *(

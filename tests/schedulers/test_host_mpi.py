@@ -3,7 +3,7 @@ mpi4py PyPI wheel load the *host's* libmpi, for both ABI families, and the reaso
 
 A copy of a wheel's MPI library directory in a temporary "host prefix" stands for the host MPI: the file that
 mpi4py maps (read from /proc/self/maps) tells which copy was loaded. No Apptainer can be installed here, so a
-stand-in `apptainer` applies what Apptainer documents for `exec` (docs/containers.md, "Hybrid MPI"): the host
+stand-in `apptainer` applies what Apptainer documents for `exec` (docs/guide/containers.md, "Hybrid MPI"): the host
 environment passes in, LD_LIBRARY_PATH is reset to /.singularity.d/libs, then each `--env NAME=VALUE` is set
 with `$NAME` evaluated inside; it refuses binds it cannot honour without a mount (source missing, or a
 destination other than the source). Everything else is real: the rendered script under bash, the shell's
@@ -154,7 +154,7 @@ def test_rendered_bind_model_loads_the_host_libmpi(flavour: str, tmp_path: Path)
 def test_ld_library_path_alone_keeps_the_wheel_libmpi(flavour: str, tmp_path: Path) -> None:
     """Why the bind model sets MPI4PY_LIBMPI: mpi4py (4.x wheel) first dlopens `<venv>/lib/libmpi.so*` by full
     path, so a host directory on LD_LIBRARY_PATH alone is not used. If this fails, mpi4py changed its search:
-    update docs/containers.md ("How mpi4py finds libmpi")."""
+    update docs/dev/containers.md ("How mpi4py finds libmpi")."""
     python = flavour_python(flavour)
     host = fake_host_prefix(flavour, python, tmp_path)
     soname = WHEEL_LIBS[flavour][0]

@@ -344,16 +344,16 @@ def test_templates_ship_in_the_wheel(tmp_path: Path) -> None:
     "name", ["frontier", "summit", "generic-slurm-gpu", "generic-lsf", "polaris", "aurora"]
 )
 def test_containers_doc_shows_the_rendered_container_words(name: str) -> None:
-    """docs/containers.md ("Hybrid MPI") quotes, per built-in profile, the exact runtime words the renderer
+    """docs/guide/containers.md ("Hybrid MPI") quotes, per built-in profile, the exact runtime words the renderer
     emits for `--image hpcring.sif -- python train.py`, and the modules only container jobs load."""
     from hpcring.schedulers import shell
 
-    doc = (ROOT / "docs" / "containers.md").read_text()
+    doc = (ROOT / "docs" / "guide" / "containers.md").read_text()
     section = doc.split("\n## Hybrid MPI\n", 1)[1].split("\n## ", 1)[0]
     p = make_plan(name, nodes=1, account="a", image="hpcring.sif", command=("python", "train.py"))
     assert p.container is not None
     line = shell.join(p.container.prefix) + " python train.py"
-    assert f"\n{line}\n" in section, f"docs/containers.md lacks the {name} line:\n{line}"
+    assert f"\n{line}\n" in section, f"docs/guide/containers.md lacks the {name} line:\n{line}"
     block = section.split(f"`{name}` (", 1)[1].split("```", 1)[0]
     assert f"{p.container.model} model" in block
     for module in p.container.modules:

@@ -89,7 +89,7 @@ def test_every_variable_horovod_reads_has_an_answer() -> None:
 
 
 def test_docs_table_matches_the_registry() -> None:
-    text = (ROOT / "docs" / "torch.md").read_text()
+    text = (ROOT / "docs" / "guide" / "torch.md").read_text()
     section = text.split("## HOROVOD_* variables", 1)[1].split("\n## ", 1)[0]
     rows = re.findall(r"^\| `(HOROVOD_[A-Z0-9_]+)` \| ([^|]+) \|", section, re.M)
     assert [name for name, _ in rows] == [v.name for v in VARIABLES]

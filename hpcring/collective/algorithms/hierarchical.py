@@ -6,7 +6,7 @@ largest node's rank count), the same cut on every node; local rank l of a node o
 (`shard_groups[j]`) holds one rank per node. On unequal nodes a rank may own several shards; its groups run
 in increasing shard order, so two blocking groups can never wait on each other.
 
-Large buffers are pipelined over segments (docs/collectives.md, "Hierarchical pipeline"): while earlier
+Large buffers are pipelined over segments (docs/guide/collectives.md, "Hierarchical pipeline"): while earlier
 segments cross the network (`CrossRing`, non-blocking point-to-point steps) the node reduce-scatters the next
 and allgathers finished ones, so the node-local stages hide under the link time instead of adding to it. No
 thread is needed: MPI progresses every pending request whenever the rank waits on any one, and the node
@@ -53,11 +53,11 @@ NDArray = np.ndarray[Any, Any]
 
 # Pipeline segment: small enough that the first reduce-scatter and the last allgather (the only node-local
 # work the link cannot hide) are short, large enough that per-segment overhead stays small; a size that
-# suits both MPIs on the 2-node netns cluster (docs/bench-netns.md, segment-size sweep).
+# suits both MPIs on the 2-node netns cluster (docs/dev/bench-netns.md, segment-size sweep).
 DEFAULT_SEGMENT_BYTES = 2 << 20
 # How far (in bytes of segments) a rank may run ahead of the schedule's forced cross-node waits. The two
 # ranks of a node drive two TCP flows that share the link unevenly; with a deep window neither runs dry
-# while its node peer catches up (docs/bench-netns.md, "A deep in-flight window": it helps on a slow link and
+# while its node peer catches up (docs/dev/bench-netns.md, "A deep in-flight window": it helps on a slow link and
 # costs nothing on a fast one).
 IN_FLIGHT_BYTES = 24 << 20
 # Cross-node messages are tagged by in-flight slot: early completion makes the order in which two peers post
@@ -234,7 +234,7 @@ def _node_reduce_scatter(
         local.reduce_scatter(sv, out, s.counts, op)
         if out is not mine:
             mine[...] = out
-    else:  # our ring: several times faster than Open MPI's Reduce_scatter (docs/collectives.md), any dtype
+    else:  # our ring: several times faster than Open MPI's Reduce_scatter (docs/guide/collectives.md), any dtype
         ring_reduce_scatter(local, sv, mine, offsets(s.counts), op, chunk_bytes, poll)
 
 

@@ -1,7 +1,7 @@
 """A rendered batch job that keeps training when a node dies (the job file's `elastic: {min_nodes: N}`).
 
 Slurm with srun: `#SBATCH --no-kill` keeps the job alive when a node of its allocation fails, and each step
-runs through `hpcring.launch.elastic.slurm`, which relaunches it on the nodes left (docs/elastic.md).
+runs through `hpcring.launch.elastic.slurm`, which relaunches it on the nodes left (docs/guide/elastic.md).
 Other schedulers and launchers are refused with the reason: LSF ends a job whose execution host fails (bsub
 has no --no-kill; `bsub -r` reruns the whole job from the queue instead) and jsrun cannot shrink a job's
 resource sets; mpirun/mpiexec inside Slurm would need a host list rewritten per attempt (use srun).

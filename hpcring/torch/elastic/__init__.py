@@ -1,4 +1,4 @@
-"""`hvd.elastic`: Horovod's elastic training API for `hpcring.torch` (docs/elastic.md).
+"""`hvd.elastic`: Horovod's elastic training API for `hpcring.torch` (docs/guide/elastic.md).
 
 `@hvd.elastic.run`, `State`, `ObjectState`, `TorchState`, `ElasticSampler`, `HostsUpdatedInterrupt`,
 `HorovodInternalError`. Under `hpcring run --min-np ...` commits go to node-local memory and a world that

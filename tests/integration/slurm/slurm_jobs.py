@@ -29,7 +29,7 @@ HERE = Path(__file__).resolve().parent
 CLUSTER_SH = ROOT / "ci" / "slurm-cluster.sh"
 PROFILES = HERE / "profiles"
 # node1..node3: the elastic test loses one of 3 nodes and goes on with 2 (HPCRING_TEST_SLURM_NODES=2 runs the
-# rest on 2 nodes and skips it: how the third slurmd's cost was measured, docs/slurm-ci.md)
+# rest on 2 nodes and skips it: how the third slurmd's cost was measured, docs/dev/slurm-ci.md)
 CLUSTER_NODES = int(os.environ.get("HPCRING_TEST_SLURM_NODES", "3"))
 NODES = 2  # nodes of the other tests' jobs (2 x 2 ranks): the third node stays idle for them
 CPUS = 2  # per node; equal to the profiles' cores and to real cores, so task/affinity can bind for real

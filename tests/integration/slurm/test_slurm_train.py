@@ -86,4 +86,4 @@ def test_digits_in_slurm_matches_local(slurm_cluster: Cluster, tmp_path: Path) -
     assert slurm["test_accuracy"] >= 0.95, slurm
     diff = abs(local["test_accuracy"] - slurm["test_accuracy"])
     assert diff <= 1 / TEST_SAMPLES + 1e-9, f"local {local} vs slurm {slurm}"
-    print(f"local: {local}\nslurm: {slurm}")  # shown with -s or -rP: the figures behind docs/slurm-ci.md
+    print(f"local: {local}\nslurm: {slurm}")  # shown with -s or -rP: the figures behind docs/dev/slurm-ci.md
