@@ -87,9 +87,9 @@ def mlp200() -> nn.Module:
     Weights get He (Kaiming) normal initialisation for ReLU and biases zero, as a deep ReLU network without
     normalisation needs to train at all. Under torch's default Linear initialisation each layer shrinks
     the activations' variance about 6-fold, so past a few dozen layers they are subnormal floats, and x86
-    cores take a microcode assist for every operation on one: on the CI machine of 2026-11-27 backward took
-    45.5 ms with the default initialisation against 6.6 ms with subnormals flushed to zero, and the
-    benchmark measured those assists instead of the gradient path (docs/dev/bench-ddp.md, "Subnormal floats")."""
+    cores take a microcode assist for every operation on one: backward then took several times longer, and
+    the benchmark measured those assists instead of the gradient path (the figures: docs/dev/bench-ddp.md,
+    "Subnormal floats")."""
     mods: list[nn.Module] = []
     for _ in range(100):
         layer = nn.Linear(128, 128)

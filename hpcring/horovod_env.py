@@ -72,7 +72,8 @@ VARIABLES: tuple[HorovodVariable, ...] = (
         "AUTOTUNE",
         True,
         "tunes the fusion threshold and cycle time during the first optimizer steps from measured step "
-        "times (a coordinate search rather than Horovod's Bayesian optimisation; docs/guide/torch.md, Autotuning)",
+        "times (a coordinate search rather than Horovod's Bayesian optimisation; "
+        "docs/guide/torch.md, Autotuning)",
     ),
     _v(
         "AUTOTUNE_LOG",

@@ -1,5 +1,6 @@
 """What a ranked launch is: one run of ranked test files under `hpcring run` (`Launch`), declared as data in
-`tests/ranked/launches.py`; the environment names the two sides of the ranked plugin share (docs/dev/testing.md).
+`tests/ranked/launches.py`; the environment names the two sides of the ranked plugin share
+(docs/dev/testing.md).
 
 The launches get the environment the outer pytest started with (`START_ENV`, copied when this module is
 imported by the plugin, before any test module), not whatever the outer tests set later.

@@ -236,7 +236,8 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _run_elastic(args: argparse.Namespace, install: MpiInstall, spec: LaunchSpec, elastic: object) -> int:
-    """Elastic mode: the driver runs worlds on the usable hosts until training finishes (docs/guide/elastic.md)."""
+    """Elastic mode: the driver runs worlds on the usable hosts until training finishes
+    (docs/guide/elastic.md)."""
     from dataclasses import replace
 
     from hpcring.launch.elastic.driver import ElasticDriver, ElasticSpec

@@ -62,8 +62,8 @@ def ufunc(op: ReduceOp, dtype: np.dtype[Any]) -> Ufunc:
 
     For bool, MIN and MAX are logical AND and OR, which is what np.minimum / np.maximum compute on bools.
     float16 and bfloat16 go through torch's kernels when torch is already loaded (a torch program): numpy's
-    float16 arithmetic is scalar and far slower (docs/guide/collectives.md, "dtypes and ops"), and both compute
-    each element in float32 and round once, so the results are the same bits.
+    float16 arithmetic is scalar and far slower (docs/guide/collectives.md, "dtypes and ops"), and both
+    compute each element in float32 and round once, so the results are the same bits.
     """
     base = op.base
     if dtype.name in _HALF_TORCH and "torch" in sys.modules:

@@ -44,9 +44,9 @@ def _adjacent_span(
 
     `buffer` exposes an array's memory as an object with `address`, `nbytes` and `readonly`, raising
     BufferError for a non-contiguous one: `mpi4py.MPI.buffer`, a C-level constructor much cheaper per array
-    than numpy's `.ctypes.data` (docs/dev/engine.md, "Fusion"). List order matters: every rank presents the batch
-    to the collective in the (agreed) order of its responses, whether from a span or packed. The first two
-    arrays are checked before anything else, so independently allocated tensors (never adjacent: the
+    than numpy's `.ctypes.data` (docs/dev/engine.md, "Fusion"). List order matters: every rank presents the
+    batch to the collective in the (agreed) order of its responses, whether from a span or packed. The first
+    two arrays are checked before anything else, so independently allocated tensors (never adjacent: the
     allocator keeps a header between blocks) fail the check cheaply. The span covers exactly the bytes of the
     arrays, all alive for the duration of the operation, so reading and writing it is reading and writing
     them."""

@@ -139,7 +139,8 @@ _SIG, _LOCAL, _ERROR, _BIT = (
     operator.itemgetter(Response._fields.index(f)) for f in ("sig", "local", "error", "bit")
 )
 
-# Enum members read once: attribute access on an Enum class runs Python code (its cost: docs/dev/bench-engine.md).
+# Enum members read once: attribute access on an Enum class runs Python code (its cost:
+# docs/dev/bench-engine.md).
 _ALLREDUCE = OpType.ALLREDUCE
 
 _JOIN = OpType.JOIN

@@ -8,10 +8,10 @@ engine as one in-place allreduce (one request, one name), instead of one request
 Buckets follow the order in which gradients became ready in the first step (learned on the process set's
 root and broadcast, so every rank forms the same buckets even when its own order differs), filled up to
 `bucket_cap_mb` (`HPCRING_BUCKET_CAP_MB`, DDP's 25 MiB default). Unlike DDP there is no smaller first bucket:
-it buys overlap only where a core is idle during backward and costs a negotiation per step (docs/dev/engine.md,
-"DistributedOptimizer"). Buckets of one dtype and device share one allocation in bucket order, so buckets the
-engine fuses in one cycle are adjacent in memory and reduced where they lie (the engine's zero-copy path).
-With `groups`, each group is a bucket (split by dtype).
+it buys overlap only where a core is idle during backward and costs a negotiation per step
+(docs/dev/engine.md, "DistributedOptimizer"). Buckets of one dtype and device share one allocation in bucket
+order, so buckets the engine fuses in one cycle are adjacent in memory and reduced where they lie (the
+engine's zero-copy path). With `groups`, each group is a bucket (split by dtype).
 """
 
 from __future__ import annotations

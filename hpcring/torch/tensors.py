@@ -253,9 +253,9 @@ def _check_scale(value: Any, what: str, which: str) -> float:
 
 
 # Outputs from this size on are allocated with transparent huge pages requested. Fresh memory is paid for on
-# first touch, one page fault per 4 KiB page, which can cost more than the reduction itself (docs/dev/engine.md,
-# "Out-of-place allreduce"). numpy asks for huge pages on large arrays itself; torch's CPU allocator does not
-# (unless THP_MEM_ALLOC_ENABLE=1).
+# first touch, one page fault per 4 KiB page, which can cost more than the reduction itself
+# (docs/dev/engine.md, "Out-of-place allreduce"). numpy asks for huge pages on large arrays itself; torch's
+# CPU allocator does not (unless THP_MEM_ALLOC_ENABLE=1).
 HUGE_PAGE_MIN_BYTES = 4 << 20
 _MADV_HUGEPAGE = 14  # linux/mman.h
 _madvise: Any = None

@@ -26,8 +26,8 @@ IMAGE = os.environ.get("HPCRING_IMAGE", "localhost/hpcring:cpu")
 DEF_IMAGE = os.environ.get("HPCRING_DEF_IMAGE", "localhost/hpcring:sif")
 IMAGE_UID = 1000  # the images' `hpc` user (containers/Dockerfile.cpu)
 LABEL = "hpcring-test"
-# From a reset store the build takes ~2.5 min on a calm 2-core machine (docs/dev/containers.md); a loaded one can
-# take several times that, and a hang must still end.
+# From a reset store the build takes minutes on a calm machine (docs/dev/containers.md has the figures); a
+# loaded one can take several times that, and a hang must still end.
 BUILD_TIMEOUT = 1500
 
 

@@ -112,8 +112,8 @@ LAUNCHES = (
         )
         for np in (1, 2, 4)
     ),
-    # Two fake nodes (network namespaces), two ranks each, over real TCP (root only; see docs/dev/fake-cluster.md;
-    # tests/integration/netns/test_netns_two_nodes.py checks the link counters).
+    # Two fake nodes (network namespaces), two ranks each, over real TCP (root only; see
+    # docs/dev/fake-cluster.md; tests/integration/netns/test_netns_two_nodes.py checks the link counters).
     # The fake nodes share this machine's cores, which Open MPI cannot see: it yields when idle.
     *(
         Launch(

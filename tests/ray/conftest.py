@@ -1,7 +1,7 @@
 """A real local Ray cluster for tests/ray (small: few CPUs, a small object store), shut down after the module.
 
-The workers need MPICH (docs/guide/ray.md). This repository's main environment holds the Open MPI wheel, so the
-actors borrow the MPICH environment's library and `mpiexec` (mpi4py's wheels load either ABI:
+The workers need MPICH (docs/guide/ray.md). This repository's main environment holds the Open MPI wheel, so
+the actors borrow the MPICH environment's library and `mpiexec` (mpi4py's wheels load either ABI:
 MPI4PY_MPIABI=mpich with MPICH's lib directory on LD_LIBRARY_PATH). An environment installed with
 'hpcring[mpich,ray]' needs none of this.
 """

@@ -3,9 +3,9 @@ mpi4py PyPI wheel load the *host's* libmpi, for both ABI families, and the reaso
 
 A copy of a wheel's MPI library directory in a temporary "host prefix" stands for the host MPI: the file that
 mpi4py maps (read from /proc/self/maps) tells which copy was loaded. No Apptainer can be installed here, so a
-stand-in `apptainer` applies what Apptainer documents for `exec` (docs/guide/containers.md, "Hybrid MPI"): the host
-environment passes in, LD_LIBRARY_PATH is reset to /.singularity.d/libs, then each `--env NAME=VALUE` is set
-with `$NAME` evaluated inside; it refuses binds it cannot honour without a mount (source missing, or a
+stand-in `apptainer` applies what Apptainer documents for `exec` (docs/guide/containers.md, "Hybrid MPI"): the
+host environment passes in, LD_LIBRARY_PATH is reset to /.singularity.d/libs, then each `--env NAME=VALUE` is
+set with `$NAME` evaluated inside; it refuses binds it cannot honour without a mount (source missing, or a
 destination other than the source). Everything else is real: the rendered script under bash, the shell's
 `${NAME}` expansion, the wheel's mpi4py and MPI libraries.
 """

@@ -344,8 +344,8 @@ def test_templates_ship_in_the_wheel(tmp_path: Path) -> None:
     "name", ["frontier", "summit", "generic-slurm-gpu", "generic-lsf", "polaris", "aurora"]
 )
 def test_containers_doc_shows_the_rendered_container_words(name: str) -> None:
-    """docs/guide/containers.md ("Hybrid MPI") quotes, per built-in profile, the exact runtime words the renderer
-    emits for `--image hpcring.sif -- python train.py`, and the modules only container jobs load."""
+    """docs/guide/containers.md ("Hybrid MPI") quotes, per built-in profile, the exact runtime words the
+    renderer emits for `--image hpcring.sif -- python train.py`, and the modules only container jobs load."""
     from hpcring.schedulers import shell
 
     doc = (ROOT / "docs" / "guide" / "containers.md").read_text()

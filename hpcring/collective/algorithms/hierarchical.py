@@ -57,8 +57,8 @@ NDArray = np.ndarray[Any, Any]
 DEFAULT_SEGMENT_BYTES = 2 << 20
 # How far (in bytes of segments) a rank may run ahead of the schedule's forced cross-node waits. The two
 # ranks of a node drive two TCP flows that share the link unevenly; with a deep window neither runs dry
-# while its node peer catches up (docs/dev/bench-netns.md, "A deep in-flight window": it helps on a slow link and
-# costs nothing on a fast one).
+# while its node peer catches up (docs/dev/bench-netns.md, "A deep in-flight window": it helps on a slow link
+# and costs nothing on a fast one).
 IN_FLIGHT_BYTES = 24 << 20
 # Cross-node messages are tagged by in-flight slot: early completion makes the order in which two peers post
 # steps of different segments timing-dependent, so only distinct tags keep them from matching each other.
@@ -234,7 +234,7 @@ def _node_reduce_scatter(
         local.reduce_scatter(sv, out, s.counts, op)
         if out is not mine:
             mine[...] = out
-    else:  # our ring: several times faster than Open MPI's Reduce_scatter (docs/guide/collectives.md), any dtype
+    else:  # our ring, any dtype: several times faster than Open MPI's (docs/guide/collectives.md)
         ring_reduce_scatter(local, sv, mine, offsets(s.counts), op, chunk_bytes, poll)
 
 

@@ -87,7 +87,7 @@ def slurm_cluster_fixture(request: pytest.FixtureRequest) -> Cluster:
             )
 
         request.config.add_cleanup(down)  # registered before `up`, so a half-started cluster is stopped too
-        up = cluster_sh("up", timeout=600)  # a cold apt install takes ~10-30 s; the limit only guards a hang
+        up = cluster_sh("up", timeout=600)  # `up` may apt-install Slurm; the limit only guards a hang
         if up.returncode != 0:
             _SESSION["cluster"] = (
                 f"ci/slurm-cluster.sh up failed ({up.returncode}):\n{up.stdout}\n{up.stderr}"
