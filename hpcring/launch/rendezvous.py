@@ -9,7 +9,7 @@ are let in one at a time, in rank order (rank 0 publishes whose turn it is): MPI
 
 What works is MPICH with each process its own one-process job (`mpiexec -n 1 python ...`: hydra gives every
 job its own namespace). Plain singletons (all get the same world id, MPICH issue #7805) and Open MPI 5 (no
-PMIx server to exchange through) fail; docs/guide/ray.md lists every variant tried. `check_support()` says so
+PMIx server to exchange through) fail; docs/dev/ray.md lists every variant tried. `check_support()` says so
 before anything hangs.
 """
 

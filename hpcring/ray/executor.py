@@ -9,7 +9,7 @@ Usage is Horovod's::
     executor.shutdown()
 
 `start()` reserves a placement group, creates one actor per worker and has their worker processes form
-one MPI world (docs/guide/ray.md). The training function calls `hvd.init()` as under `horovodrun`: it finds
+one MPI world (docs/dev/ray.md). The training function calls `hvd.init()` as under `horovodrun`: it finds
 hpcring already initialised over that world. `min_workers`/`max_workers` (Horovod's elastic v2 switch) are
 served by `ElasticRayExecutor`.
 """
