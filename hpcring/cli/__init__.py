@@ -76,15 +76,15 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         "hpcring.cli.render",
         "write a batch job script for a cluster profile",
         (
-            "hpcring render --profile frontier --nodes 2 -- python train.py",
-            "hpcring render --profile perlmutter-gpu --nodes 4 --time 02:00:00 -o job.sh -- python train.py",
+            "hpcring render --profile frontier --nodes 2 --account abc123 -- python train.py",
+            "hpcring render --profile generic-pbs --nodes 4 --time 02:00:00 -o job.sh -- python train.py",
         ),
     ),
     "submit": Subcommand(
         "hpcring.cli.submit",
         "write a batch job script and submit it (sbatch, bsub, ...)",
         (
-            "hpcring submit --profile frontier --nodes 2 --dry-run -- python train.py",
+            "hpcring submit --profile frontier --nodes 2 --account abc123 --dry-run -- python train.py",
             "hpcring submit --profile frontier --nodes 2 --wait -- python train.py",
         ),
     ),

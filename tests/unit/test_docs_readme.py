@@ -1,8 +1,9 @@
 """The README's commands work as written, and its set-up commands are the ones CI runs.
 
-Every `hpcring` line in a shell block of the README and the quickstart is parsed by that command's parser;
-those that need no MPI, cluster or network (`profiles`, `map`, `render`, `submit --dry-run`) are run, so an
-example that needs a flag it does not show (an account, say) fails here instead of on a user's screen.
+Every `hpcring` line in a shell block of the README, the quickstart and the CLI reference (which holds each
+command's `--help` examples) is parsed by that command's parser; those that need no MPI, cluster, network or
+input file (`profiles list|show`, `map`, `render`, `submit --dry-run`) are run, so an example that needs a
+flag it does not show (an account, say) fails here instead of on a user's screen.
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ from hpcring.schedulers import profile
 from hpcring.schedulers.registry import SCHEDULERS
 
 README = ROOT / "README.md"
-PAGES = (README, ROOT / "docs" / "guide" / "quickstart.md")
+PAGES = (README, ROOT / "docs" / "guide" / "quickstart.md", ROOT / "docs" / "guide" / "cli.md")
 OFFLINE = ("profiles", "map", "render")
+OFFLINE_PROFILES = ("list", "show")
 SHELL = ("", "sh", "bash", "console")
 
 
@@ -57,6 +59,8 @@ def _commands(page: Path) -> list[list[str]]:
 
 
 def _runs_offline(argv: list[str]) -> bool:
+    if argv[1] == "profiles":
+        return argv[2] in OFFLINE_PROFILES
     return argv[1] in OFFLINE or (argv[1] == "submit" and "--dry-run" in argv)
 
 
