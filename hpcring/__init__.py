@@ -1,4 +1,4 @@
-"""hpcring: Horovod-compatible distributed training for PyTorch 2.x, with first-class Slurm and LSF support.
+"""hpcring: Horovod-compatible training for PyTorch 2.x, with Slurm, LSF, PBS Pro and Flux job scripts.
 
 Importing this package never imports MPI, torch or CUDA: the collective API below is forwarded lazily to
 `hpcring.collective`, so `import hpcring` works on a login node with none of them installed.
