@@ -90,7 +90,7 @@ def _cell(text: str) -> str:
 
 
 def _sentence(text: str) -> str:
-    text = " ".join(text.split())
+    text = " ".join(text.split()).replace("<", "&lt;")
     return text[:1].upper() + text[1:] + ("" if text.endswith(".") else ".")
 
 
