@@ -16,6 +16,7 @@ from typing import Any
 
 from hpcring._deps import mpi
 from hpcring.collective.algorithms.workspace import release
+from hpcring.collective.mpi_init import ensure_initialized
 from hpcring.collective.topology import Topology
 from hpcring.contracts.rank_env import rank_environment
 from hpcring.errors import ConfigError, NotInitializedError
@@ -71,13 +72,16 @@ def init(comm: Any = None) -> Topology:
     """Initialise hpcring over COMM_WORLD (None), an mpi4py Intracomm, or a list of world ranks.
 
     Idempotent: a second call returns the existing topology. The communicator is duplicated, so hpcring's
-    traffic never mixes with the caller's own messages on it.
+    traffic never mixes with the caller's own messages on it. MPI not yet initialised (mpi4py.rc.initialize =
+    False) is started here and finalised at exit; one started at too low a thread level is an error
+    (`mpi_init`).
     """
     global _global
     with _lock:
         if _global is not None:
             return _global
         MPI = mpi()
+        ensure_initialized(MPI, before_finalize=shutdown)
         if comm is None:
             topo = Topology.create(MPI.COMM_WORLD)
         elif isinstance(comm, MPI.Intracomm):
@@ -95,7 +99,8 @@ def init(comm: Any = None) -> Topology:
 
 
 def shutdown() -> None:
-    """Free hpcring's communicators (MPI itself stays up: mpi4py finalises it at exit)."""
+    """Free hpcring's communicators (MPI itself stays up until exit: mpi4py, or hpcring when it started MPI,
+    finalises it then)."""
     global _global
     with _lock:
         if _global is not None:
