@@ -34,7 +34,7 @@ _COLLECTIVE_API = frozenset(
     }
 )
 
-__all__ = ["__version__", *sorted(_COLLECTIVE_API)]
+__all__ = ["__version__", "run", *sorted(_COLLECTIVE_API)]
 
 
 def __getattr__(name: str) -> Any:
@@ -42,4 +42,8 @@ def __getattr__(name: str) -> Any:
         from hpcring import collective
 
         return getattr(collective, name)
+    if name == "run":  # horovod.run: launches a job from Python (hpcring.cli.run_api)
+        from hpcring.cli.run_api import run
+
+        return run
     raise AttributeError(f"module 'hpcring' has no attribute {name!r}")

@@ -334,7 +334,8 @@ def elastic_spec(args: argparse.Namespace, hosts: list[Host], np: int | None) ->
 
 def check_build() -> str:
     """horovodrun --check-build's report for this installation."""
-    from hpcring import __version__, _deps
+    from hpcring import _deps
+    from hpcring.version import __version__
 
     torch_ok = _deps.available("torch")
     nccl = False

@@ -206,7 +206,7 @@ def main(args: argparse.Namespace) -> int:
     from hpcring.launch.supervisor import Supervisor
 
     if args.version:
-        from hpcring import __version__
+        from hpcring.version import __version__
 
         print(f"hpcring {__version__} (hpcring run takes horovodrun's flags)")
         return 0

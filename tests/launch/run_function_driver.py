@@ -1,0 +1,82 @@
+"""Calls `hpcring.run` as a user's script would: `python run_function_driver.py CASE NP`; prints a JSON line.
+
+Run by tests/launch/test_run_function.py in a subprocess under a timeout, so a hang fails the test instead of
+stalling the suite. The functions are defined here, in `__main__`, so they travel pickled by value, as a
+script's or a notebook's do. Cases: `values` (a closure over a local, kwargs, the environment), `torch` (an
+allreduce through hpcring.torch), `raise` (the last rank raises while the others wait in a collective),
+`die` (rank 1 ends without a result).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+import hpcring
+
+
+def rank_and_size() -> tuple[int, int]:
+    return int(os.environ["HPCRING_RANK"]), int(os.environ["HPCRING_SIZE"])
+
+
+def values(scale: int, *, shift: int = 0) -> dict[str, Any]:
+    rank, size = rank_and_size()
+    return {
+        "value": rank * scale + size + shift,
+        "env": os.environ.get("RUN_FUNCTION_TEST"),
+        "horovod": os.environ.get("HPCRING_HOROVOD"),
+    }
+
+
+def torch_allreduce() -> dict[str, float]:
+    import torch
+
+    import hpcring.torch as hvd
+
+    hvd.init()
+    total = hvd.allreduce(torch.tensor([float(hvd.rank() + 1)]), op=hvd.Sum)
+    return {"rank": hvd.rank(), "size": hvd.size(), "sum": float(total.item())}
+
+
+def raise_on_last() -> int:
+    import numpy as np
+
+    rank, size = rank_and_size()
+    if rank == size - 1:
+        raise ValueError(f"bad input on rank {rank}")
+    hpcring.init()  # the others wait for the last rank here until the launcher ends them
+    return int(hpcring.allreduce(np.array([rank]), op="sum")[0])
+
+
+def die_on_one() -> int:
+    rank, _ = rank_and_size()
+    if rank == 1:
+        os._exit(3)
+    return rank
+
+
+def main() -> None:
+    case, np = sys.argv[1], int(sys.argv[2])
+    offset = 7
+    calls = {
+        "values": lambda: hpcring.run(
+            lambda: {**values(10, shift=offset - 7), "closure": offset},
+            num_proc=np,
+            env={"RUN_FUNCTION_TEST": "from env="},
+        ),
+        "torch": lambda: hpcring.run(torch_allreduce, num_proc=np),
+        "raise": lambda: hpcring.run(raise_on_last, num_proc=np),
+        "die": lambda: hpcring.run(die_on_one, num_proc=np),
+    }
+    try:
+        out: dict[str, Any] = {"ok": calls[case]()}
+    except Exception as exc:
+        out = {"error": type(exc).__name__, "message": str(exc)}
+        out.update({k: getattr(exc, k) for k in ("rank", "host", "traceback", "others") if hasattr(exc, k)})
+    print("RESULT " + json.dumps(out), flush=True)
+
+
+if __name__ == "__main__":
+    main()
