@@ -116,8 +116,8 @@ VARIABLES: tuple[HorovodVariable, ...] = (
     _v(
         "MPI_THREADS_DISABLE",
         False,
-        "MPI is initialised by mpi4py at the thread level of mpi4py.rc.thread_level ('multiple' by default): "
-        "set that before importing mpi4py instead",
+        "MPI runs at MPI_THREAD_MULTIPLE, which hpcring's engine thread needs (it calls MPI alongside the "
+        "script's thread): a lower level is an error at init",
     ),
     _v(
         "HIERARCHICAL_ALLGATHER",

@@ -27,8 +27,8 @@ REFUSED: dict[str, str] = {
     "--ccl": "oneCCL is not available; CPU tensors are reduced over MPI (drop --ccl)",
     "--log-with-timestamp": "hpcring's engine log lines carry no time stamp; use "
     "--prefix-output-with-timestamp to stamp every output line",
-    "--mpi-threads-disable": "mpi4py sets MPI's thread level: set mpi4py.rc.thread_level before importing "
-    "mpi4py instead",
+    "--mpi-threads-disable": "hpcring's engine thread needs MPI_THREAD_MULTIPLE (it calls MPI alongside the "
+    "script's thread); drop the flag",
     "--num-nccl-streams": "hpcring's device plane uses one NCCL communicator stream; drop the flag",
     "--thread-affinity": "use your scheduler's binding (hpcring render places ranks on cores) instead",
     "--gloo-timeout-seconds": "there is no Gloo controller; --start-timeout bounds how long ranks may take "

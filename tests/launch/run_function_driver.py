@@ -4,7 +4,8 @@ Run by tests/launch/test_run_function.py in a subprocess under a timeout, so a h
 stalling the suite. The functions are defined here, in `__main__`, so they travel pickled by value, as a
 script's or a notebook's do. Cases: `values` (a closure over a local, kwargs, the environment), `torch` (an
 allreduce through hpcring.torch), `raise` (the last rank raises while the others wait in a collective),
-`die` (rank 1 ends without a result).
+`die` (rank 1 ends without a result), `elastic` (min_num_proc/max_num_proc), `output` (output_filename,
+verbose).
 """
 
 from __future__ import annotations
@@ -57,6 +58,10 @@ def die_on_one() -> int:
     return rank
 
 
+def print_rank() -> None:
+    print(f"hello from rank {rank_and_size()[0]}")
+
+
 def main() -> None:
     case, np = sys.argv[1], int(sys.argv[2])
     offset = 7
@@ -69,6 +74,10 @@ def main() -> None:
         "torch": lambda: hpcring.run(torch_allreduce, num_proc=np),
         "raise": lambda: hpcring.run(raise_on_last, num_proc=np),
         "die": lambda: hpcring.run(die_on_one, num_proc=np),
+        "elastic": lambda: hpcring.run(
+            rank_and_size, num_proc=np, min_num_proc=np, max_num_proc=np + 1, hosts=f"localhost:{np + 1}"
+        ),
+        "output": lambda: hpcring.run(print_rank, num_proc=np, output_filename="out", verbose=1),
     }
     try:
         out: dict[str, Any] = {"ok": calls[case]()}

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import ROOT
+from support import ROOT, flavour_python
 
 import hpcring
 from hpcring.errors import ConfigError
@@ -24,12 +24,14 @@ pytestmark = pytest.mark.mpi
 DRIVER = str(Path(__file__).with_name("run_function_driver.py"))
 
 
-def call(case: str, np: int, tmp_path: Path, timeout: int = 180) -> dict[str, Any]:
+def call(
+    case: str, np: int, tmp_path: Path, timeout: int = 180, python: str = sys.executable
+) -> dict[str, Any]:
     private = tmp_path / "tmp"
     private.mkdir()
     env = {**os.environ, "TMPDIR": str(private), "HPCRING_HOROVOD": "1", "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(
-        ["timeout", "-k", "5", str(timeout), sys.executable, DRIVER, case, str(np)],
+        ["timeout", "-k", "5", str(timeout), python, DRIVER, case, str(np)],
         capture_output=True,
         text=True,
         env=env,
@@ -50,6 +52,25 @@ def test_results_come_back_in_rank_order(tmp_path: Path, np: int) -> None:
     assert out.get("ok") == [
         {"value": r * 10 + np, "env": "from env=", "horovod": "1", "closure": 7} for r in range(np)
     ], out
+
+
+def test_results_under_mpich(tmp_path: Path) -> None:
+    out = call("values", 2, tmp_path, python=flavour_python("mpich"))
+    assert [r["value"] for r in out.get("ok", [])] == [2, 12], out
+
+
+def test_elastic_keywords_run_an_elastic_job(tmp_path: Path) -> None:
+    out = call("elastic", 2, tmp_path)
+    assert out.get("ok") == [[r, 3] for r in range(3)], out  # max_num_proc ranks: the host has the slots
+    assert "elastic: world 0: 3 rank(s)" in out["output"]
+
+
+def test_output_filename_and_verbose(tmp_path: Path) -> None:
+    out = call("output", 2, tmp_path)
+    assert out.get("ok") == [None, None], out
+    for r in range(2):
+        assert (tmp_path / "out" / f"rank.{r}" / "stdout").read_text() == f"hello from rank {r}\n"
+    assert "hpcring.run: openmpi" in out["output"]  # verbose: the mpiexec line
 
 
 @pytest.mark.parametrize("np", [1, 2, 4])
