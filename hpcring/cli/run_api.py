@@ -21,7 +21,8 @@ from typing import Any, BinaryIO, NoReturn
 from hpcring.cli import horovodrun_flags
 from hpcring.cli import run as run_cli
 from hpcring.errors import ConfigError
-from hpcring.launch.hosts import parse_host_list
+from hpcring.launch.allocation import allocation_hosts
+from hpcring.launch.hosts import is_local, parse_host_list
 from hpcring.launch.run_function import collect, final_size, function_dir
 
 
@@ -57,10 +58,11 @@ def run(
     """Run `func(*args, **kwargs)` on every rank of a new job; returns each rank's value, in rank order.
 
     As horovod.run: `num_proc` ranks (`np` is its deprecated spelling) on `hosts` ('host1:2,host2:4') or
-    `hostfile`, else on this machine; `min_num_proc`/`max_num_proc` (or `min_np`/`max_np`), `slots`,
-    `reset_limit` and `cooldown_range` make the job elastic. `disable_cache` is accepted (hpcring caches no
-    start-up checks); `use_gloo=True` is refused (hpcring runs over MPI). `env`: variables the ranks get on
-    top of the caller's environment (which they inherit, HPCRING_HOROVOD included). A rank that raises makes
+    `hostfile`, else on the hosts of the batch allocation it runs in (Slurm, LSF, PBS), else on this
+    machine; `min_num_proc`/`max_num_proc` (or `min_np`/`max_np`), `slots`, `reset_limit` and
+    `cooldown_range` make the job elastic. `disable_cache` is accepted (hpcring caches no start-up checks);
+    `use_gloo=True` is refused (hpcring runs over MPI). `env`: variables the ranks get on top of the
+    caller's environment (which they inherit, HPCRING_HOROVOD included). A rank that raises makes
     the call raise RunFunctionError naming that rank and its host, with its traceback text.
     """
     num_proc, min_num_proc, max_num_proc = _deprecated(
@@ -145,6 +147,8 @@ def _flags(**kw: Any) -> list[str]:
         if kw["hosts"] is not None:
             raise ConfigError("hpcring.run: give either hosts or hostfile, not both")
         out.append(f"--hostfile={_text('hostfile', kw['hostfile'])}")
+    if kw["hosts"] is None and kw["hostfile"] is None:
+        out += _allocation_flags()
     for key, flag, minimum in (
         ("min_num_proc", "--min-np", 1),
         ("max_num_proc", "--max-np", 1),
@@ -172,6 +176,16 @@ def _flags(**kw: Any) -> list[str]:
     if kw["verbose"]:
         out.append("--verbose")
     return out
+
+
+def _allocation_flags() -> list[str]:
+    """In a batch allocation that spans other hosts, its hosts (unless HPCRING_HOSTS/_HOSTFILE name some)."""
+    if os.environ.get("HPCRING_HOSTS") or os.environ.get("HPCRING_HOSTFILE"):
+        return []
+    found = allocation_hosts()
+    if found is None or all(is_local(h.name) for h in found[1]):
+        return []  # this machine only: the launcher's default
+    return [f"--hosts={','.join(h.spec() for h in found[1])}"]
 
 
 def _env(env: Mapping[str, str] | None) -> dict[str, str]:
