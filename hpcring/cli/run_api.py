@@ -163,8 +163,13 @@ def _flags(**kw: Any) -> list[str]:
         if not isinstance(lo_hi, (tuple, list)) or len(lo_hi) != 2:
             raise ConfigError(f"hpcring.run(cooldown_range={lo_hi!r}): expected (min_seconds, max_seconds)")
         out += ["--blacklist-cooldown-range", str(lo_hi[0]), str(lo_hi[1])]
-    if kw["start_timeout"] is not None:
-        out.append(f"--start-timeout={kw['start_timeout']}")
+    timeout = kw["start_timeout"]
+    if timeout is not None:
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+            raise ConfigError(
+                f"hpcring.run(start_timeout={timeout!r}): expected a positive number of seconds"
+            )
+        out.append(f"--start-timeout={timeout}")
     for key, flag in (
         ("ssh_identity_file", "--ssh-identity-file"),
         ("output_filename", "--output-filename"),

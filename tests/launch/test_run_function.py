@@ -115,7 +115,8 @@ def test_a_rank_that_dies_without_a_result_is_named(tmp_path: Path) -> None:
         ({"use_mpi": False}, "use_mpi=False"),
         ({"cooldown_range": 5}, "expected (min_seconds, max_seconds)"),
         ({"env": {"A": 1}}, "env=...): expected a dict of str to str"),
-        ({"start_timeout": 0}, "--start-timeout"),
+        ({"start_timeout": 0}, "hpcring.run(start_timeout=0): expected a positive number of seconds"),
+        ({"hostfile": "/nonexistent/hosts"}, "hostfile '/nonexistent/hosts' cannot be read"),
     ],
 )
 def test_bad_arguments_are_clear_errors(kwargs: dict[str, Any], words: str) -> None:
@@ -147,3 +148,12 @@ def test_run_signature_is_horovods() -> None:
     assert params["num_proc"].default == 1 and params["args"].default == ()
     assert all(params[p].default is None for p in horovod[4:])
     assert params["env"].kind is inspect.Parameter.KEYWORD_ONLY
+
+
+def test_the_run_export_is_lazy() -> None:
+    code = (
+        "import sys, hpcring; f = hpcring.run; assert 'run' in hpcring.__all__; "
+        "print(sorted(m for m in ('torch', 'mpi4py', 'cloudpickle', 'numpy') if m in sys.modules))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False, cwd=ROOT)
+    assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stdout + proc.stderr
