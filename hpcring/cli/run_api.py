@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import signal
 import sys
 import threading
 import warnings
@@ -233,8 +234,11 @@ def _launch(
     install = resolve(ns.mpi)
     spec = run_cli.build_spec(ns, install.flavour)
     elastic = horovodrun_flags.elastic_spec(ns, list(spec.hosts), spec.np)
-    spec.oversubscribed()  # validates the rank count against the hosts' slots before anything starts
-    with function_dir(func, args, kwargs, shared=spec.remote) as folder:
+    if elastic is None:
+        spec.oversubscribed()  # validates the rank count against the hosts' slots before anything starts
+    # Discovered hosts are not known yet: they may be other machines.
+    shared = spec.remote or (isinstance(elastic, ElasticSpec) and elastic.discovery_script is not None)
+    with function_dir(func, args, kwargs, shared=shared) as folder:
         spec = replace(spec, command=folder.rank_command(python))
         out, err = _stream(sys.stdout), _stream(sys.stderr)
         if isinstance(elastic, ElasticSpec):
@@ -250,6 +254,8 @@ def _launch(
                 )
 
         status = _in_main_thread(lambda: sup.run(on_start=show))
+        if sup.interrupted == signal.SIGINT:
+            raise KeyboardInterrupt  # Ctrl-C ended every rank; the caller sees it as from any call
         hosts = {rank: conn.host for rank, conn in sup.conns.items()}
         return collect(folder, spec.np, status, sup.failure, hosts)
 

@@ -5,7 +5,7 @@ stalling the suite. The functions are defined here, in `__main__`, so they trave
 script's or a notebook's do. Cases: `values` (a closure over a local, kwargs, the environment), `torch` (an
 allreduce through hpcring.torch), `raise` (the last rank raises while the others wait in a collective),
 `die` (rank 1 ends without a result), `elastic` (min_num_proc/max_num_proc), `output` (output_filename,
-verbose), `where` (each rank's Slurm node, for the Slurm allocation test).
+verbose), `interrupt` (Ctrl-C), `where` (each rank's Slurm node, for the Slurm allocation test).
 """
 
 from __future__ import annotations
@@ -63,6 +63,25 @@ def where() -> dict[str, Any]:
     return {"rank": rank, "size": size, "node": os.environ.get("SLURMD_NODENAME")}
 
 
+def sleep_long() -> None:
+    import time
+
+    time.sleep(120)
+
+
+def interrupted(np: int) -> Any:
+    """Ctrl-C (SIGINT to the caller) 3 s into a call whose ranks sleep: every rank ends, the call raises."""
+    import signal
+    import threading
+
+    threading.Timer(3.0, os.kill, (os.getpid(), signal.SIGINT)).start()
+    try:
+        hpcring.run(sleep_long, num_proc=np)
+    except KeyboardInterrupt:
+        return "KeyboardInterrupt"
+    return "no interrupt"
+
+
 def print_rank() -> None:
     print(f"hello from rank {rank_and_size()[0]}")
 
@@ -82,6 +101,7 @@ def main() -> None:
         "elastic": lambda: hpcring.run(
             rank_and_size, num_proc=np, min_num_proc=np, max_num_proc=np + 1, hosts=f"localhost:{np + 1}"
         ),
+        "interrupt": lambda: interrupted(np),
         "where": lambda: hpcring.run(where, num_proc=np, verbose=1),
         "output": lambda: hpcring.run(print_rank, num_proc=np, output_filename="out", verbose=1),
     }

@@ -54,6 +54,12 @@ def test_results_come_back_in_rank_order(tmp_path: Path, np: int) -> None:
     ], out
 
 
+def test_ctrl_c_ends_the_ranks_and_raises_keyboard_interrupt(tmp_path: Path) -> None:
+    out = call("interrupt", 2, tmp_path, timeout=60)  # the ranks would sleep 120 s
+    assert out.get("ok") == "KeyboardInterrupt", out
+    assert "received SIGINT; ending all ranks" in out["output"]
+
+
 def test_results_under_mpich(tmp_path: Path) -> None:
     out = call("values", 2, tmp_path, python=flavour_python("mpich"))
     assert [r["value"] for r in out.get("ok", [])] == [2, 12], out
