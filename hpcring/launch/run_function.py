@@ -129,7 +129,9 @@ def collect(
             others = sorted(r for r in errors if r != first)
             raise RunFunctionError(first, host, how, str(err.get("traceback", "")), others)
         how = failure[1] if failure is not None else "failed"
-        raise RunFunctionError(first, host, f"{how} before returning a result (its output above says more)")
+        raise RunFunctionError(
+            first, host, f"{how} before returning a result (its output above says more)", "", sorted(errors)
+        )
     if status != 0:
         detail = failure[1] if failure is not None else f"the launcher exited with status {status}"
         raise RunFunctionError(-1, "", f"no result: {detail} (the launcher's output above says more)")
