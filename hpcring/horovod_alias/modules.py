@@ -75,7 +75,7 @@ TABLE: dict[str, Alias] = {
     ),
     "horovod.torch.optimizer": Alias(
         "horovod.torch.optimizer, answered by hpcring.torch.",
-        targets=("hpcring.torch.optimizer", "hpcring.torch"),
+        targets=("hpcring.torch.optimizer", "hpcring.torch", _UTIL),
     ),
     "horovod.torch.compression": Alias(
         "horovod.torch.compression, answered by hpcring.torch.compression.",
@@ -83,7 +83,7 @@ TABLE: dict[str, Alias] = {
     ),
     "horovod.torch.functions": Alias(
         "horovod.torch.functions, answered by hpcring.torch.functions.",
-        targets=("hpcring.torch.functions",),
+        targets=("hpcring.torch.functions", "hpcring.torch"),
     ),
     "horovod.torch.sync_batch_norm": Alias(
         "horovod.torch.sync_batch_norm, answered by hpcring.torch.sync_batch_norm.",
@@ -91,15 +91,16 @@ TABLE: dict[str, Alias] = {
     ),
     "horovod.torch.elastic": Alias(
         "horovod.torch.elastic, answered by hpcring.torch.elastic.",
-        targets=("hpcring.torch.elastic",),
+        targets=("hpcring.torch.elastic", "hpcring.torch"),
+        missing={"run_fn": "decorate the training function with hvd.elastic.run instead"},
     ),
     "horovod.torch.elastic.sampler": Alias(
         "horovod.torch.elastic.sampler, answered by hpcring.torch.elastic.sampler.",
-        targets=("hpcring.torch.elastic.sampler",),
+        targets=("hpcring.torch.elastic.sampler", "hpcring.torch"),
     ),
     "horovod.torch.elastic.state": Alias(
         "horovod.torch.elastic.state, answered by hpcring.torch.elastic.state.",
-        targets=("hpcring.torch.elastic.state", "hpcring.torch.elastic"),
+        targets=("hpcring.torch.elastic.state", "hpcring.torch.elastic", "hpcring.torch"),
     ),
     "horovod.common": Alias("horovod.common, answered by hpcring."),
     "horovod.common.util": Alias("horovod.common.util, answered by hpcring.", targets=(_UTIL,)),
@@ -114,12 +115,19 @@ TABLE: dict[str, Alias] = {
     ),
     "horovod.common.process_sets": Alias(
         "horovod.common.process_sets, answered by hpcring.",
-        targets=("hpcring.engine.process_sets", "hpcring.torch.mpi_ops"),
+        targets=("hpcring.engine.process_sets", "hpcring.torch.mpi_ops", _UTIL),
     ),
     "horovod.common.elastic": Alias(
         "horovod.common.elastic, answered by hpcring.torch.elastic.",
         targets=("hpcring.torch.elastic.common", "hpcring.torch.elastic"),
-        missing={"run_fn": "decorate the training function with hvd.elastic.run instead"},
+        missing={
+            "run_fn": "decorate the training function with hvd.elastic.run instead",
+            **dict.fromkeys(
+                ("HostUpdateResult", "WorkerNotificationManager", "notification_manager"),
+                "hpcring's launcher announces host changes itself and State.check_host_updates() raises "
+                "HostsUpdatedInterrupt as Horovod's does (docs/elastic.md)",
+            ),
+        },
     ),
     "horovod.runner": Alias(
         "horovod.runner, answered by hpcring: run is hpcring.run.",
