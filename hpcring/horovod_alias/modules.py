@@ -47,7 +47,7 @@ def _package() -> ModuleType:
 def run(*args: Any, **kwargs: Any) -> Any:
     """`horovod.run` / `horovod.runner.run`: hpcring.run, looked up when called."""
     fn = getattr(_package(), "run", None)
-    if fn is None:
+    if not callable(fn):
         raise feature_missing(
             "horovod.runner",
             "run",
