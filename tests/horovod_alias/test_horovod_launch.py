@@ -86,6 +86,30 @@ def test_refuses_when_a_real_horovod_is_importable(hpcring_run: RunRanks, tmp_pa
     assert "a real Horovod is installed" in message[0] and str(site / "horovod") in message[0]
 
 
+_LAUNCHER_VARIABLES = ("OMPI_", "PMIX_", "HPCRING_RANK", "HPCRING_SIZE")
+
+
+def _without_launcher_variables(env: dict[str, str]) -> dict[str, str]:
+    """A process of its own (an MPI singleton), whatever launched this pytest."""
+    return {k: v for k, v in env.items() if not k.startswith(_LAUNCHER_VARIABLES)}
+
+
+def test_the_variable_alone_under_pyrun() -> None:
+    """What hpcring.run's ranks and `srun python -m hpcring.launch.pyrun` have: HPCRING_HOROVOD=1 and no
+    site folder; pyrun imports hpcring before the script, which installs the alias."""
+    env = _without_launcher_variables({**os.environ, "HPCRING_HOROVOD": "1", "PYTHONPATH": str(ROOT)})
+    done = subprocess.run(
+        [sys.executable, "-m", "hpcring.launch.pyrun", PROGRAM],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    _lines(done.stdout, 1)
+
+
 def test_plain_interpreter_with_the_site_folder(tmp_path: Path) -> None:
     """No launcher (as under srun or mpirun): HPCRING_HOROVOD=1 and the site folder first on PYTHONPATH.
     A sitecustomize already on the path still runs after the alias's."""
@@ -94,9 +118,7 @@ def test_plain_interpreter_with_the_site_folder(tmp_path: Path) -> None:
     chained = tmp_path / "chained"
     (theirs / "sitecustomize.py").write_text(f"open({str(chained)!r}, 'w').write('ran')\n")
     path = os.pathsep.join([SITE_DIR, str(theirs), str(ROOT)])
-    env = {**os.environ, "HPCRING_HOROVOD": "1", "PYTHONPATH": path}
-    for var in [k for k in env if k.startswith(("OMPI_", "PMIX_", "HPCRING_RANK", "HPCRING_SIZE"))]:
-        del env[var]
+    env = _without_launcher_variables({**os.environ, "HPCRING_HOROVOD": "1", "PYTHONPATH": path})
     done = subprocess.run(
         [sys.executable, PROGRAM], env=env, capture_output=True, text=True, timeout=120, check=False
     )
