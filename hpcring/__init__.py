@@ -6,6 +6,7 @@ Importing this package never imports MPI, torch or CUDA: the collective API belo
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from hpcring.version import __version__
@@ -35,6 +36,12 @@ _COLLECTIVE_API = frozenset(
 )
 
 __all__ = ["__version__", "run", *sorted(_COLLECTIVE_API)]
+
+# HPCRING_HOROVOD=1: `import horovod` resolves to hpcring in this process (hpcring/horovod_alias: why here).
+if os.environ.get("HPCRING_HOROVOD"):
+    from hpcring.horovod_alias.hook import install_from_env
+
+    install_from_env()
 
 
 def __getattr__(name: str) -> Any:

@@ -84,6 +84,13 @@ def register(parser: argparse.ArgumentParser) -> None:
         help="do not run Python commands under hpcring.launch.pyrun, which makes a rank that raises after "
         "MPI_Init exit at once instead of hanging in MPI_Finalize (HPCRING_NO_FAIL_FAST)",
     )
+    add(
+        "--horovod",
+        action="store_true",
+        default=env_flag("HPCRING_HOROVOD"),
+        help="run Horovod scripts unchanged: `import horovod` resolves to hpcring in every rank; refused "
+        "when a real Horovod is installed (HPCRING_HOROVOD; docs/torch.md)",
+    )
     add("--dry-run", action="store_true", default=env_flag("HPCRING_DRY_RUN"), help="print the mpiexec line")
     add("--verbose", action="store_true", default=env_flag("HPCRING_VERBOSE"), help="print what runs")
     eng = parser.add_argument_group("engine settings (exported to every rank)")
@@ -168,6 +175,17 @@ def _np(args: argparse.Namespace) -> int:
     raise ConfigError("-np N is required (the number of ranks), e.g. hpcring run -np 4 -- python train.py")
 
 
+def _horovod_alias(args: argparse.Namespace) -> dict[str, str]:
+    """--horovod: the alias's variables for every rank, once no real Horovod is found
+    (hpcring.horovod_alias)."""
+    if not args.horovod:
+        return {}
+    from hpcring.contracts.horovod_alias import rank_environment, refuse_if_real_horovod
+
+    refuse_if_real_horovod()
+    return rank_environment(os.environ.get("PYTHONPATH"))
+
+
 def build_spec(args: argparse.Namespace, flavour: str = "openmpi") -> LaunchSpec:
     """Validate the flags into a LaunchSpec; any mistake is a ConfigError (exit 2) before anything starts."""
     np = _np(args)
@@ -192,7 +210,7 @@ def build_spec(args: argparse.Namespace, flavour: str = "openmpi") -> LaunchSpec
         rsh_agent=os.path.abspath(args.rsh_agent) if args.rsh_agent else None,
         yield_when_idle=_yield(args.yield_when_idle),
         start_timeout_s=number(float, str(args.start_timeout), "--start-timeout", minimum=1),
-        settings={**engine_settings(args), **horovodrun_flags.rank_settings(args)},
+        settings={**engine_settings(args), **horovodrun_flags.rank_settings(args), **_horovod_alias(args)},
         fail_fast=not args.no_fail_fast,
         mpi_args=mpi_args,
         mpi_env=mpi_env,

@@ -27,7 +27,7 @@ from hpcring.ray import placement
 from hpcring.ray._ray import ray_module
 from hpcring.ray.actor import WorkerFailed, remote_class
 from hpcring.ray.executor import call_with
-from hpcring.ray.settings import ElasticSettings, create_elastic_settings
+from hpcring.ray.settings import ElasticSettings, create_elastic_settings, horovod_env
 from hpcring.ray.world import CallFailed, WorkerGroup, wait_until
 
 # How long a new actor may take to be scheduled before the slot counts as not available.
@@ -177,6 +177,7 @@ class ElasticRayExecutor:
     # ------------------------------------------------------------------ running
     def _env(self, generation: int) -> dict[str, str]:
         return {
+            **horovod_env(self.settings),
             **self.env_vars,
             contract.ELASTIC: "1",
             "HOROVOD_ELASTIC": "1",

@@ -22,7 +22,7 @@ from typing import Any
 from hpcring.errors import ConfigError
 from hpcring.ray import placement
 from hpcring.ray._ray import ray_module, ray_submodule
-from hpcring.ray.settings import MiniSettings, create_settings
+from hpcring.ray.settings import MiniSettings, create_settings, horovod_env
 from hpcring.ray.world import WorkerGroup
 
 
@@ -104,7 +104,7 @@ class RayExecutor:
         ray = ray_module()
         if self._group is not None:
             raise ConfigError("this RayExecutor is already started: call shutdown() first")
-        env = {str(k): str(v) for k, v in (extra_env_vars or {}).items()}
+        env = {**horovod_env(self.settings), **{str(k): str(v) for k, v in (extra_env_vars or {}).items()}}
         self._pg, self._own_pg = self._placement_group(ray), True
         if self._pg is None:
             self._pg = placement.reserve(self.shape, self.settings.placement_group_timeout_s)

@@ -8,6 +8,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
+from hpcring.contracts import horovod_alias
 from hpcring.errors import ConfigError
 
 
@@ -27,8 +28,14 @@ class MiniSettings:
     elastic: bool = False
     verbose: int = 0
     extra: dict[str, object] = field(default_factory=dict)
+    # hpcring's: `import horovod` in the workers resolves to hpcring (HPCRING_HOROVOD=1, horovod_alias)
+    horovod: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.horovod, bool):
+            raise ConfigError(f"horovod must be True or False, got {self.horovod!r}")
+        if self.horovod:
+            horovod_alias.refuse_if_real_horovod("horovod=True was given")
         for name in ("timeout_s", "placement_group_timeout_s"):
             value = getattr(self, name)
             if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
@@ -41,9 +48,11 @@ def create_settings(
     ssh_str: str | None = None,
     placement_group_timeout_s: float = 100,
     nics: set[str] | None = None,
+    horovod: bool = False,
 ) -> MiniSettings:
     """Horovod's `RayExecutor.create_settings`; `ssh_str` is written to `ssh_identity_file` (mode 0600) as
-    Horovod does, though hpcring's workers never use ssh."""
+    Horovod does, though hpcring's workers never use ssh. `horovod=True` (hpcring's) lets the workers run
+    Horovod code unchanged: `import horovod` resolves to hpcring there."""
     if ssh_str:
         if not ssh_identity_file:
             raise ConfigError("ssh_str needs ssh_identity_file: the path to write the key to")
@@ -56,6 +65,7 @@ def create_settings(
         ssh_identity_file=ssh_identity_file,
         placement_group_timeout_s=placement_group_timeout_s,
         nics=nics,
+        horovod=horovod,
     )
 
 
@@ -91,6 +101,11 @@ class ElasticSettings(MiniSettings):
         return self.min_num_proc
 
 
+def horovod_env(settings: MiniSettings) -> dict[str, str]:
+    """The workers' variable for `settings.horovod` (the worker installs the alias when it sees it)."""
+    return {horovod_alias.ENV_VARIABLE: "1"} if settings.horovod else {}
+
+
 def create_elastic_settings(
     min_num_proc: int = 1,
     max_num_proc: int | None = None,
@@ -101,6 +116,7 @@ def create_elastic_settings(
     nics: set[str] | None = None,
     min_np: int | None = None,
     max_np: int | None = None,
+    horovod: bool = False,
     **kwargs: Any,
 ) -> ElasticSettings:
     """Horovod's `ElasticRayExecutor.create_settings` (min_np/max_np are its deprecated spellings)."""
@@ -118,6 +134,7 @@ def create_elastic_settings(
         max_num_proc=max_num_proc,
         reset_limit=reset_limit,
         elastic_timeout=elastic_timeout,
+        horovod=horovod,
         verbose=int(kwargs.pop("verbose", 0) or 0),
         extra=kwargs,
     )

@@ -319,6 +319,11 @@ def _set_id(process_set: ProcessSet | None) -> int:
     return ps.process_set_id
 
 
+def registered_process_sets() -> list[ProcessSet]:
+    """The process sets registered since init() (static, then added), the global set left out."""
+    return [*_static_sets, *_dynamic_sets.values()]
+
+
 def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
     """Record a Chrome-trace timeline to `file_path` (written by rank 0; "{rank}" makes one per rank)."""
     engine().start_timeline(file_path, mark_cycles)

@@ -100,6 +100,18 @@ LAUNCHES = (
         timeout=200,
         requires=("torch",),
     ),
+    # Horovod scripts unchanged: `hpcring run --horovod` answers `import horovod` with hpcring in every rank.
+    *(
+        Launch(
+            ("horovod_alias",),
+            np=np,
+            launcher_args=("--horovod",),
+            pytest_args=TORCH_WARNINGS,
+            timeout=300,
+            requires=("torch",),
+        )
+        for np in (1, 2, 4)
+    ),
     # HOROVOD_AUTOTUNE; one rank reduces only in elastic mode, as Horovod.
     *(
         Launch(

@@ -59,6 +59,16 @@ def rank_sum(offset: float) -> tuple[int, int, float]:
     return hvd.rank(), hvd.size(), float(hvd.allreduce(t, op=hvd.Sum).item())
 
 
+def horovod_rank_sum(offset: float) -> tuple[int, int, float, str]:
+    """rank_sum written as a Horovod script does: `import horovod.torch` (the executor's horovod=True)."""
+    import horovod.torch as horovod_hvd
+
+    horovod_hvd.init()
+    t = torch.tensor([horovod_hvd.rank() + offset], dtype=torch.float64)
+    total = float(horovod_hvd.allreduce(t, op=horovod_hvd.Sum).item())
+    return horovod_hvd.rank(), horovod_hvd.size(), total, horovod_hvd.allreduce.__module__
+
+
 class Counter:
     """An executable class: built once per worker by start(executable_cls=...)."""
 

@@ -52,6 +52,16 @@ def test_every_worker_gets_its_rank_at_each_world_size(executor: Any, size: int)
     assert ex.run(prog.rank_sum, args=[0.25]) == [(r, size, expected_sum) for r in range(size)]
 
 
+def test_horovod_setting_lets_workers_import_horovod(ray_cluster: Any) -> None:
+    ex = RayExecutor(RayExecutor.create_settings(timeout_s=60, horovod=True), num_workers=2)
+    try:
+        ex.start()
+        got = ex.run(prog.horovod_rank_sum, args=[0.5])
+    finally:
+        ex.shutdown()
+    assert got == [(r, 2, 2.0, "hpcring.torch.allreduce_ops") for r in range(2)]  # 0.5 + 1.5
+
+
 def test_execute_run_remote_and_execute_single_with_an_executable(executor: Any, ray_cluster: Any) -> None:
     ex = executor(num_workers=2)
     ex.start(executable_cls=prog.Counter, executable_args=[10])
