@@ -89,7 +89,7 @@ def register(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         default=env_flag("HPCRING_HOROVOD"),
         help="run Horovod scripts unchanged: `import horovod` resolves to hpcring in every rank; refused "
-        "when a real Horovod is installed (HPCRING_HOROVOD; docs/torch.md)",
+        "when a real Horovod is installed (HPCRING_HOROVOD; docs/guide/torch.md)",
     )
     add("--dry-run", action="store_true", default=env_flag("HPCRING_DRY_RUN"), help="print the mpiexec line")
     add("--verbose", action="store_true", default=env_flag("HPCRING_VERBOSE"), help="print what runs")

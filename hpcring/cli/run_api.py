@@ -21,6 +21,7 @@ from typing import Any, BinaryIO, NoReturn
 
 from hpcring.cli import horovodrun_flags
 from hpcring.cli import run as run_cli
+from hpcring.contracts import horovod_alias
 from hpcring.errors import ConfigError
 from hpcring.launch.allocation import allocation_hosts
 from hpcring.launch.hosts import is_local, parse_host_list
@@ -96,6 +97,8 @@ def run(
     )
     python = executable or sys.executable
     base_env = {**os.environ, **_env(env)}
+    if horovod_alias.requested(base_env):
+        argv.append("--horovod")  # the same refusal and rank environment as `hpcring run --horovod`
     return _launch(func, tuple(args), dict(kwargs or {}), argv, python, base_env, bool(verbose))
 
 

@@ -13,7 +13,7 @@ class HorovodFrameworkUnavailable(ImportError):
     """A Horovod package for a framework hpcring does not support (TensorFlow, Keras, MXNet, Spark)."""
 
 
-DOCS = "docs/torch.md, 'Running Horovod scripts unchanged'"
+DOCS = "docs/guide/torch.md, 'Running Horovod scripts unchanged'"
 
 
 def feature_missing(module: str, name: str, alternative: str | None) -> HorovodFeatureMissing:

@@ -125,7 +125,7 @@ TABLE: dict[str, Alias] = {
             **dict.fromkeys(
                 ("HostUpdateResult", "WorkerNotificationManager", "notification_manager"),
                 "hpcring's launcher announces host changes itself and State.check_host_updates() raises "
-                "HostsUpdatedInterrupt as Horovod's does (docs/elastic.md)",
+                "HostsUpdatedInterrupt as Horovod's does (docs/guide/elastic.md)",
             ),
         },
     ),
@@ -135,7 +135,7 @@ TABLE: dict[str, Alias] = {
         missing={"launch": _LAUNCHER, "_HorovodArgs": "pass horovod.run's keyword arguments to hpcring.run"},
     ),
     "horovod.ray": Alias(
-        "horovod.ray, answered by hpcring.ray (docs/ray.md).",
+        "horovod.ray, answered by hpcring.ray (docs/guide/ray.md).",
         targets=("hpcring.ray",),
         names={
             "RayExecutor": "hpcring.ray.executor:RayExecutor",

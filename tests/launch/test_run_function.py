@@ -140,6 +140,21 @@ def _no_warning() -> Any:
     return contextlib.nullcontext()
 
 
+def test_horovod_in_env_refuses_when_a_real_horovod_is_importable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`env={"HPCRING_HOROVOD": "1"}` is `hpcring run --horovod`: refused before anything starts."""
+    pkg = tmp_path / "site" / "horovod"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("__version__ = '0.28.1'\n")
+    monkeypatch.syspath_prepend(str(pkg.parent))
+    monkeypatch.delenv("HPCRING_HOROVOD", raising=False)
+    marker = tmp_path / "started"
+    with pytest.raises(ConfigError, match="a real Horovod is installed") as caught:
+        hpcring.run(marker.touch, env={"HPCRING_HOROVOD": "1"})
+    assert str(pkg) in str(caught.value) and not marker.exists()
+
+
 def test_run_signature_is_horovods() -> None:
     import inspect
 
