@@ -182,11 +182,14 @@ class Supervisor:
         env: Mapping[str, str] | None = None,
         elastic: bool = False,
         rank_env: Callable[[int], Mapping[str, str]] | None = None,
+        hostname: Callable[[int], str] | None = None,
         on_tick: Callable[[Supervisor], None] | None = None,
     ) -> None:
         self.install = install
         self.elastic = elastic  # a rank exiting with RESET_EXIT_CODE asks for a relaunch, not a failure
         self.rank_env = rank_env  # extra variables per rank (the elastic driver's host assignment)
+        # A rank's host name (HOROVOD_HOSTNAME): the elastic driver's assignment, else what its machine says.
+        self.hostname = hostname
         self.on_tick = on_tick  # called from the loop (the elastic driver watches discovery from here)
         self.reset_rank: int | None = None
         self.output_files: dict[tuple[int, str], BinaryIO] = {}
@@ -370,6 +373,7 @@ class Supervisor:
                     local_size=place.local_size,
                     cross_rank=place.cross_rank,
                     cross_size=place.cross_size,
+                    hostname=self.hostname(place.rank) if self.hostname else hosts[place.rank],
                     master_addr=master,
                     master_port=self.master_port,
                 )

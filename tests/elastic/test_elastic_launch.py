@@ -25,6 +25,10 @@ WORLD = re.compile(
 )
 STEP = re.compile(r"^\[(\d+)\]<stdout>:STEP (\d+) size=(\d+) t=(\S+)$")
 KILL = re.compile(r"^\[(\d+)\]<stdout>:KILL rank=\d+ step=(\d+) t=(\S+)$")
+HVDENV = re.compile(
+    r"^\[(\d+)\]<stdout>:HVDENV gen=(\d+) hvd=(\S+) RANK=(\S+) SIZE=(\S+) LOCAL_RANK=(\S+) LOCAL_SIZE=(\S+) "
+    r"CROSS_RANK=(\S+) CROSS_SIZE=(\S+) HOSTNAME=(\S+)$"
+)
 END = re.compile(r"^\[(\d+)\]<stdout>:END (\w+) size=(\d+) rank=\d+ step=(\d+) wsum=(\S+)$")
 
 
@@ -93,6 +97,20 @@ def test_a_killed_rank_shrinks_the_world_and_training_matches_the_same_schedule(
     assert "host 127.0.0.2 (rank 1" in err and "blacklisted for good" in err
     ends = matches(END, out)
     assert len(ends) == np - 1 and {e[2] for e in ends} == {str(np - 1)} and len({e[4] for e in ends}) == 1
+    # Horovod's rank variables follow the world: each world's own rank, size and host (the driver's name for
+    # it); every "host" is this machine, so local = world and one cross group, as hvd reports too.
+    hosts_of = {
+        0: [f"127.0.0.{i + 1}" for i in range(np)],
+        1: [f"127.0.0.{i + 1}" for i in range(np) if i != 1],
+    }
+    seen = set()
+    for label, g, place, *horovod in matches(HVDENV, out):
+        r, size = int(label), len(hosts_of[int(g)])
+        want = [str(v) for v in (r, size, r, size, 0, 1)]
+        assert horovod == [*want, hosts_of[int(g)][r]], (g, label, horovod)
+        assert place.split(",") == want
+        seen.add((int(g), r))
+    assert seen == {(0, r) for r in range(np)} | {(1, r) for r in range(np - 1)}
     rec = recovery_s(out)
     print(f"recovery at {np} -> {np - 1} ranks: {rec:.2f} s (SIGKILL -> first step of the next world)")
     no_orphans(str(final))

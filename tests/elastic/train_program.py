@@ -33,7 +33,21 @@ kill_worlds = {int(w) for w in args.kill_worlds.split(",") if w}
 trainer = elastic_trainer.Trainer(args)
 
 
+HOROVOD_NAMES = ("RANK", "SIZE", "LOCAL_RANK", "LOCAL_SIZE", "CROSS_RANK", "CROSS_SIZE", "HOSTNAME")
+
+
 def on_world(state: hvd.elastic.TorchState) -> None:
+    # horovodrun's rank variables as this world's launcher set them, next to what hvd says
+    horovod = " ".join(f"{n}={os.environ.get('HOROVOD_' + n, '-')}" for n in HOROVOD_NAMES)
+    hvd_place = (
+        hvd.rank(),
+        hvd.size(),
+        hvd.local_rank(),
+        hvd.local_size(),
+        hvd.cross_rank(),
+        hvd.cross_size(),
+    )
+    print(f"HVDENV gen={generation} hvd={','.join(map(str, hvd_place))} {horovod}", flush=True)
     print(
         f"WORLD gen={generation} size={hvd.size()} rank={hvd.rank()} step={state.step} "
         f"epoch={state.epoch} wsum={trainer.weights_sum():.12f} t={time.time():.3f}",

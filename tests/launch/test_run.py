@@ -9,6 +9,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -95,6 +96,11 @@ def test_rank_environment_and_prefix(hpcring_run: RunRanks, flavour: str, np: in
         assert env["HPCRING_LOCAL_RANK"] == env["LOCAL_RANK"] == str(local)
         assert env["HPCRING_LOCAL_SIZE"] == env["LOCAL_WORLD_SIZE"] == str(local_size)
         assert (env["HPCRING_CROSS_RANK"], env["HPCRING_CROSS_SIZE"]) == (str(cross), str(cross_size))
+        # horovodrun's names for the same place (a Horovod script reads these)
+        horovod = [env[f"HOROVOD_{k}"] for k in ("RANK", "SIZE", "LOCAL_RANK", "LOCAL_SIZE")]
+        assert horovod == [str(r), str(np), str(local), str(local_size)]
+        assert (env["HOROVOD_CROSS_RANK"], env["HOROVOD_CROSS_SIZE"]) == (str(cross), str(cross_size))
+        assert env["HOROVOD_HOSTNAME"] == socket.gethostname()
         assert env["MASTER_ADDR"] == "127.0.0.1"
         assert env["HPCRING_EMULATE_NODES"] == (str(nodes) if nodes else None)
         assert env["HPCRING_FUSION_THRESHOLD"] == str(2 * 1024 * 1024)

@@ -234,6 +234,7 @@ class ElasticDriver:
                 env=self.env,
                 elastic=True,
                 rank_env=lambda r: {contract.HOST: self.world[r]},
+                hostname=lambda r: self.world[r],
                 on_tick=self._tick,
             )
             rc = sup.run()
