@@ -20,6 +20,8 @@ elastic_trainer.add_arguments(parser)
 parser.add_argument("--kill-rank", type=int, default=-1, help="this rank SIGKILLs itself ...")
 parser.add_argument("--kill-step", type=int, default=-1, help="... after this step, in every world listed")
 parser.add_argument("--kill-worlds", default="0", help="comma-separated generations in which to kill")
+parser.add_argument("--raise-rank", type=int, default=-1, help="this rank raises RuntimeError ...")
+parser.add_argument("--raise-steps", default="", help="... after step S of world G, for each G:S listed")
 parser.add_argument("--grow-file", default="", help="at --grow-step rank 0 appends --grow-host to this file")
 parser.add_argument("--grow-step", type=int, default=-1)
 parser.add_argument("--grow-host", default="")
@@ -30,6 +32,7 @@ args = parser.parse_args()
 hvd.init()
 generation = int(os.environ.get("HPCRING_ELASTIC_GENERATION", "0"))
 kill_worlds = {int(w) for w in args.kill_worlds.split(",") if w}
+raise_steps = {int(g): int(s) for g, s in (item.split(":") for item in args.raise_steps.split(",") if item)}
 trainer = elastic_trainer.Trainer(args)
 
 
@@ -61,6 +64,8 @@ def on_step(state: hvd.elastic.TorchState) -> None:
     if hvd.rank() == args.kill_rank and state.step == args.kill_step and generation in kill_worlds:
         print(f"KILL rank={hvd.rank()} step={state.step} t={time.time():.3f}", flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
+    if hvd.rank() == args.raise_rank and raise_steps.get(generation) == state.step:
+        raise RuntimeError(f"rank {hvd.rank()} fails in world {generation}")  # this host's fault, say
     if state.step == args.grow_step and hvd.rank() == 0 and generation == 0 and args.grow_file:
         with open(args.grow_file) as f:
             lines = [line for line in f if not args.drop_host or not line.startswith(args.drop_host)]
