@@ -3,7 +3,8 @@
 One thread, one selector: the control socket accepts the wrappers, their frames carry output and exit reports,
 and a periodic tick watches mpiexec and the deadlines. The first rank that fails decides the exit code; every
 other rank is then told to stop (SIGTERM, then SIGKILL after the wrapper's grace), and mpiexec is killed if it
-lingers, so the whole job ends within ~10 s of a failure.
+lingers, so the whole job ends within ~10 s of a failure. In an elastic world a rank's error before its first
+commit lets the others run on a few seconds first, so the driver can see whether they all fail alike.
 """
 
 from __future__ import annotations
