@@ -124,6 +124,46 @@ def test_rank_environment_and_prefix(hpcring_run: RunRanks, flavour: str, np: in
         assert env["HPCRING_LOG_LEVEL"] == "debug"
 
 
+INIT_ENV = """
+import json, os, hpcring
+topo = hpcring.init()
+names = ["RANK", "SIZE", "LOCAL_RANK", "LOCAL_SIZE", "CROSS_RANK", "CROSS_SIZE", "HOSTNAME"]
+horovod = [os.environ.get("HOROVOD_" + n) for n in names]
+print(json.dumps([topo.rank, horovod, os.environ.get("HPCRING_RANK")]))
+"""
+
+
+@pytest.mark.parametrize("np", [1, 2, 4])
+def test_init_under_a_plain_mpiexec_sets_horovods_variables_too(np: int) -> None:
+    """Started by mpiexec itself (as srun or jsrun would), init() fills in the same rank variables."""
+    rank_names = (
+        "HPCRING_",
+        "HOROVOD_",
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_",
+        "MASTER_",
+        "OMPI_",
+        "PMIX_",
+        "PRTE_",
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(rank_names)}
+    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", PYTHONPATH=str(ROOT))
+    mpiexec = str(Path(sys.executable).parent / "mpiexec")
+    argv = [mpiexec, "-n", str(np), "--map-by", "slot:OVERSUBSCRIBE", "--bind-to", "none"]
+    proc = subprocess.run(
+        ["timeout", "-k", "5", "120", *argv, sys.executable, "-c", INIT_ENV],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    got = sorted(json.loads(line) for line in proc.stdout.splitlines())
+    host = socket.gethostname()
+    assert got == [[r, [str(r), str(np), str(r), str(np), "0", "1", host], str(r)] for r in range(np)]
+
+
 @pytest.mark.parametrize("flavour", ["openmpi", "mpich"])
 def test_mpi_program_runs_under_the_wrapper(hpcring_run: RunRanks, flavour: str) -> None:
     """The wrapper must not initialise MPI itself, and the user's program must reach the MPI launcher."""
