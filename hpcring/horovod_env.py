@@ -190,13 +190,13 @@ VARIABLES: tuple[HorovodVariable, ...] = (
         "no Gloo transport; choose MPI's interface instead (Open MPI: OMPI_MCA_btl_tcp_if_include, "
         "MPICH/OFI: FI_TCP_IFACE)",
     ),
-    # What horovodrun exports to the workers it starts in Gloo mode.
+    # What horovodrun exports to the workers it starts in Gloo mode: hpcring's launcher exports them too.
     *(
         _v(
             name,
-            False,
-            "set by horovodrun in Gloo mode; hpcring takes ranks from MPI (and its launcher's HPCRING_* "
-            "variables)",
+            True,
+            "exported to every rank by hpcring run, and set by init() when absent (srun, mpirun), with this "
+            "rank's place (docs/launcher.md, the rank environment); hpcring itself reads ranks from MPI",
         )
         for name in ("RANK", "SIZE", "LOCAL_RANK", "LOCAL_SIZE", "CROSS_RANK", "CROSS_SIZE", "HOSTNAME")
     ),

@@ -16,8 +16,9 @@ from hpcring.cli import horovodrun_flags
 from hpcring.cli.flag_values import env, env_flag, number
 from hpcring.config import ALGORITHMS, TIMELINE_DYNAMIC
 from hpcring.errors import ConfigError, choices
-from hpcring.launch.command import LaunchSpec, build
+from hpcring.launch.command import LaunchSpec, build, describe
 from hpcring.launch.hosts import parse_host_list, parse_hostfile
+from hpcring.launch.target import check_command
 
 if TYPE_CHECKING:
     from hpcring.launch.flavour import MpiInstall
@@ -245,10 +246,12 @@ def main(args: argparse.Namespace) -> int:
         extra = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items()))
         print((extra + " " if extra else "") + shlex.join(argv))
         return 0
+    check_command(spec.command)
 
     def show(argv: list[str]) -> None:
+        print(f"hpcring run: {describe(install, spec.np, spec.hosts, spec.emulate_nodes)}", file=sys.stderr)
         if args.verbose:
-            print(f"hpcring run: {install.flavour} ({install.version}): {shlex.join(argv)}", file=sys.stderr)
+            print(f"hpcring run: {shlex.join(argv)}", file=sys.stderr)
 
     return sup.run(on_start=show)
 
@@ -263,4 +266,5 @@ def _run_elastic(args: argparse.Namespace, install: MpiInstall, spec: LaunchSpec
     assert isinstance(elastic, ElasticSpec)
     if args.dry_run:
         raise ConfigError("--dry-run cannot show an elastic job: its worlds depend on the hosts at run time")
+    check_command(spec.command)
     return ElasticDriver(install, replace(spec, hosts=()), elastic).run()

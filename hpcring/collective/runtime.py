@@ -61,6 +61,7 @@ def _export_rank_environment(topo: Topology) -> None:
         local_size=topo.local_size,
         cross_rank=topo.cross_rank,
         cross_size=topo.cross_size,
+        hostname=socket.gethostname(),
         master_addr=master,
         master_port=int(os.environ.get("MASTER_PORT") or DEFAULT_MASTER_PORT),
     )

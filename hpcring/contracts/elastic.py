@@ -21,6 +21,9 @@ DIRECTORY = "HPCRING_ELASTIC_DIR"  # node-local directory of the commit store (s
 GENERATION = "HPCRING_ELASTIC_GENERATION"  # 0 for the first world, +1 at every relaunch
 NOTIFY = "HPCRING_ELASTIC_NOTIFY"  # node-local file the rank wrapper writes when the driver announces hosts
 HOST = "HPCRING_ELASTIC_HOST"  # the host name the driver assigned this rank to (blacklisting unit)
+# "1" in a worker's own environment once it has committed: its runner's failure report says so, and the
+# launcher then ends the world at once instead of waiting to see whether every rank fails alike.
+COMMITTED = "HPCRING_ELASTIC_COMMITTED"
 
 ADDED, REMOVED, MIXED = "added", "removed", "mixed"
 

@@ -9,21 +9,23 @@ from __future__ import annotations
 
 from hpcring.errors import ConfigError
 
-# Variables every rank gets; the HPCRING_* names are ours, the rest are what torchrun sets.
-RANK_VARIABLES = (
-    "HPCRING_RANK",
-    "HPCRING_SIZE",
-    "HPCRING_LOCAL_RANK",
-    "HPCRING_LOCAL_SIZE",
-    "HPCRING_CROSS_RANK",
-    "HPCRING_CROSS_SIZE",
-    "RANK",
-    "WORLD_SIZE",
-    "LOCAL_RANK",
-    "LOCAL_WORLD_SIZE",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-)
+# The one table: each value a rank gets and every name it is exported under. HPCRING_* are ours, RANK ...
+# MASTER_PORT are what torchrun sets, HOROVOD_* are what horovodrun gives its workers (horovod/runner/
+# gloo_run.py's slot variables, read by Horovod's own Gloo context and by its elastic test scripts).
+NAMES: dict[str, tuple[str, ...]] = {
+    "rank": ("HPCRING_RANK", "RANK", "HOROVOD_RANK"),
+    "size": ("HPCRING_SIZE", "WORLD_SIZE", "HOROVOD_SIZE"),
+    "local_rank": ("HPCRING_LOCAL_RANK", "LOCAL_RANK", "HOROVOD_LOCAL_RANK"),
+    "local_size": ("HPCRING_LOCAL_SIZE", "LOCAL_WORLD_SIZE", "HOROVOD_LOCAL_SIZE"),
+    "cross_rank": ("HPCRING_CROSS_RANK", "HOROVOD_CROSS_RANK"),
+    "cross_size": ("HPCRING_CROSS_SIZE", "HOROVOD_CROSS_SIZE"),
+    "hostname": ("HOROVOD_HOSTNAME",),
+    "master_addr": ("MASTER_ADDR",),
+    "master_port": ("MASTER_PORT",),
+}
+
+# Every variable a rank gets from the table (a launcher never forwards its own copies to remote ranks).
+RANK_VARIABLES = tuple(name for names in NAMES.values() for name in names)
 
 
 def rank_environment(
@@ -34,6 +36,7 @@ def rank_environment(
     local_size: int,
     cross_rank: int,
     cross_size: int,
+    hostname: str,
     master_addr: str,
     master_port: int,
 ) -> dict[str, str]:
@@ -46,17 +49,17 @@ def rank_environment(
         raise ConfigError(f"cross rank {cross_rank} / cross size {cross_size} invalid for world size {size}")
     if not 0 < master_port < 65536:
         raise ConfigError(f"master port {master_port} is not a TCP port (1..65535)")
-    return {
-        "HPCRING_RANK": str(rank),
-        "HPCRING_SIZE": str(size),
-        "HPCRING_LOCAL_RANK": str(local_rank),
-        "HPCRING_LOCAL_SIZE": str(local_size),
-        "HPCRING_CROSS_RANK": str(cross_rank),
-        "HPCRING_CROSS_SIZE": str(cross_size),
-        "RANK": str(rank),
-        "WORLD_SIZE": str(size),
-        "LOCAL_RANK": str(local_rank),
-        "LOCAL_WORLD_SIZE": str(local_size),
-        "MASTER_ADDR": master_addr,
-        "MASTER_PORT": str(master_port),
+    if not hostname:
+        raise ConfigError(f"rank {rank} has an empty host name")
+    values: dict[str, object] = {
+        "rank": rank,
+        "size": size,
+        "local_rank": local_rank,
+        "local_size": local_size,
+        "cross_rank": cross_rank,
+        "cross_size": cross_size,
+        "hostname": hostname,
+        "master_addr": master_addr,
+        "master_port": master_port,
     }
+    return {name: str(values[key]) for key, names in NAMES.items() for name in names}

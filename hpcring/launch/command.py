@@ -8,6 +8,7 @@ environment.
 from __future__ import annotations
 
 import os
+import re
 import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -15,6 +16,8 @@ from dataclasses import dataclass, field
 from hpcring.errors import ConfigError
 from hpcring.launch.flavour import MpiInstall
 from hpcring.launch.hosts import Host, check_capacity, is_local
+
+_FLAVOUR_NAMES = {"openmpi": "Open MPI", "mpich": "MPICH"}
 
 
 @dataclass(frozen=True)
@@ -121,3 +124,12 @@ def build(
             argv += ["-genv", "UCX_TLS", base_env["UCX_TLS"]]
     env.update(spec.mpi_env)
     return [*argv, *spec.mpi_args, *wrapper], env
+
+
+def describe(install: MpiInstall, np: int, hosts: Sequence[Host], emulate_nodes: int | None = None) -> str:
+    """What a launch starts, in one line: '4 ranks on vm:4 with Open MPI 5.0.11 (/venv/bin/mpiexec)'."""
+    where = ",".join(h.spec() for h in hosts) or f"{socket.gethostname()}:{np}"
+    nodes = f" as {emulate_nodes} emulated nodes" if emulate_nodes else ""
+    numbers = re.findall(r"\d+(?:\.\d+)+", install.version)
+    mpi = " ".join([_FLAVOUR_NAMES[install.flavour], *numbers[-1:]])
+    return f"{np} rank{'s' if np != 1 else ''} on {where}{nodes} with {mpi} ({install.mpiexec})"

@@ -7,6 +7,9 @@ on an unhandled exception or a non-zero exit while MPI is initialised it prints 
 and exits at once without finalising MPI. The wrapper then reports that rank's status and `hpcring run` ends
 the others. Unlike `python -m mpi4py`, it does not call `MPI_Abort`, whose job-wide kill would race with (and
 blur) the report of which rank failed. `hpcring run` inserts it for Python commands of its own environment.
+
+The printed traceback starts at the user's code: this runner's frames and runpy's (and importlib's, on the way
+into a `-m` module) are left out, and the failure is reported to the wrapper (`hpcring.launch.report`).
 """
 
 from __future__ import annotations
@@ -17,6 +20,12 @@ import runpy
 import sys
 import types
 from collections.abc import Sequence
+
+from hpcring.launch import report
+
+# Modules whose frames lead from this runner into the user's code (runpy is frozen in Python 3.11+, so its
+# frames are told by module name, not file).
+_LAUNCHER_MODULES = frozenset({"runpy", "importlib._bootstrap", "importlib._bootstrap_external"})
 
 
 def _mpi_active() -> bool:
@@ -47,6 +56,32 @@ def _status(code: object) -> int:
     return 1
 
 
+def _launcher_frame(tb: types.TracebackType) -> bool:
+    frame = tb.tb_frame
+    return frame.f_code.co_filename == __file__ or frame.f_globals.get("__name__") in _LAUNCHER_MODULES
+
+
+def user_traceback(tb: types.TracebackType | None) -> types.TracebackType | None:
+    """The traceback from the first frame of the user's code on (None when it never got there)."""
+    while tb is not None and _launcher_frame(tb):
+        tb = tb.tb_next
+    return tb
+
+
+def _fail(exc: BaseException, fd: int | None) -> int:
+    """Print the exception as Python would, without the launcher's frames, and report it; returns 1."""
+    seen: set[int] = set()
+    link: BaseException | None = exc
+    while link is not None and id(link) not in seen:  # the exceptions it was raised from or during, too
+        seen.add(id(link))
+        link.__traceback__ = user_traceback(link.__traceback__)
+        link = link.__cause__ or link.__context__
+    tb = exc.__traceback__
+    report.send(fd, report.of_exception(exc, tb))
+    sys.excepthook(type(exc), exc, tb)
+    return 1
+
+
 def run(args: Sequence[str]) -> None:
     """Run the target as Python's own command line would (sys.argv and sys.path[0] included)."""
     if args[0] == "-m":
@@ -60,18 +95,25 @@ def run(args: Sequence[str]) -> None:
         exec(compile(args[1], "<string>", "exec"), main.__dict__)
     else:
         sys.argv = list(args)
-        sys.path[0] = os.path.dirname(os.path.abspath(args[0]))
-        runpy.run_path(args[0], run_name="__main__")
+        path = os.path.abspath(args[0])  # __file__ and tracebacks name it so, as python's own (3.9+)
+        sys.path[0] = os.path.dirname(path)
+        runpy.run_path(path, run_name="__main__")
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or (args[0] in ("-m", "-c") and len(args) < 2):
         sys.exit("usage: python -m hpcring.launch.pyrun (SCRIPT | -m MODULE | -c CODE) [args...]")
+    fd = report.take_fd()
     try:
         run(args)
     except SystemExit as exc:
-        status = _status(exc.code) if _mpi_active() else None
+        code = exc.code
+        if code not in (None, 0):
+            tb = user_traceback(exc.__traceback__)
+            message = code if isinstance(code, str) else None
+            report.send(fd, report.of_exit(code if isinstance(code, int) else 1, message, tb))
+        status = _status(code) if _mpi_active() else None
         if status:
             _exit_now(status)
         raise
@@ -79,11 +121,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         if _mpi_active():
             _exit_now(130)
         raise
-    except BaseException:
-        if not _mpi_active():
-            raise
-        sys.excepthook(*sys.exc_info())
-        _exit_now(1)
+    except BaseException as exc:
+        status = _fail(exc, fd)
+        if _mpi_active():
+            _exit_now(status)
+        sys.exit(status)
 
 
 if __name__ == "__main__":

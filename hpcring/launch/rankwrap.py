@@ -13,7 +13,6 @@ import argparse
 import contextlib
 import ctypes
 import os
-import re
 import selectors
 import shutil
 import signal
@@ -24,8 +23,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from hpcring.launch import protocol
+from hpcring.launch import protocol, report
 from hpcring.launch.detection import mpi_rank_size
+from hpcring.launch.target import is_python, own_python, python_target
 
 CONNECT_TIMEOUT_S = 60.0
 TERM_GRACE_S = 3.0  # SIGTERM -> SIGKILL; the launcher's 10 s promise includes this
@@ -77,6 +77,7 @@ class Wrapper:
         self.ended_by_launcher = False
         self.launcher_gone = False
         self.kill_at: float | None = None
+        self.report_pipe: int | None = None  # read end of the runner's failure-report pipe
 
     def send(self, data: bytes) -> None:
         if self.launcher_gone:
@@ -86,12 +87,27 @@ class Wrapper:
         except OSError:
             self.launcher_gone = True
 
-    def start(self, cmd: Sequence[str], env: dict[str, str]) -> None:
+    def start(self, cmd: Sequence[str], env: dict[str, str], reports: bool = False) -> None:
+        """Start the command; `reports`: it runs under hpcring's pyrun, which reports how it failed."""
         pass_fds = []
         pmi_fd = env.get("PMI_FD")
         if pmi_fd and pmi_fd.isdigit():
             pass_fds.append(int(pmi_fd))  # hydra's simple-PMI socket must reach the MPI process
-        self.child = subprocess.Popen(
+        write_end = None
+        if reports:
+            self.report_pipe, write_end = os.pipe()
+            os.set_blocking(self.report_pipe, False)
+            env = {**env, report.REPORT_FD: str(write_end)}
+            pass_fds.append(write_end)
+        try:
+            self.child = self._popen(cmd, env, pass_fds)
+        finally:
+            if write_end is not None:
+                os.close(write_end)
+        self.send(protocol.json_frame(protocol.STARTED, {"pid": self.child.pid}))
+
+    def _popen(self, cmd: Sequence[str], env: dict[str, str], pass_fds: list[int]) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
             list(cmd),
             env=env,
             stdin=None,
@@ -101,7 +117,19 @@ class Wrapper:
             pass_fds=pass_fds,
             preexec_fn=_die_with_parent,
         )
-        self.send(protocol.json_frame(protocol.STARTED, {"pid": self.child.pid}))
+
+    def _error_report(self) -> dict[str, Any] | None:
+        """What the runner reported about its failure, if it did (read once the command has ended)."""
+        if self.report_pipe is None:
+            return None
+        data = b""
+        with contextlib.suppress(OSError):
+            while chunk := os.read(self.report_pipe, 65536):
+                data += chunk
+        os.close(self.report_pipe)
+        self.report_pipe = None
+        found = report.receive(data)
+        return found.to_json() if found is not None else None
 
     def end_child(self) -> None:
         """SIGTERM the command's process group now, SIGKILL it after the grace period."""
@@ -150,8 +178,11 @@ class Wrapper:
         sel.close()
         status = self.child.returncode
         code, sig = (status, None) if status >= 0 else (None, -status)
-        report = {"code": code, "signal": sig, "ended_by_launcher": self.ended_by_launcher}
-        self.send(protocol.json_frame(protocol.EXITED, report))
+        ending = {"code": code, "signal": sig, "ended_by_launcher": self.ended_by_launcher}
+        error = self._error_report()
+        if error is not None and code:
+            ending["error"] = error
+        self.send(protocol.json_frame(protocol.EXITED, ending))
         return status if status >= 0 else 128 - status
 
     def _control(self, sel: selectors.BaseSelector) -> None:
@@ -181,10 +212,6 @@ def _write_notice(message: dict[str, Any]) -> None:
         write_notice(str(message["path"]), message["notice"])
 
 
-_PYTHON_NAME = re.compile(r"^python(\d+(\.\d+)?)?$")
-_PY_OPTS_WITH_VALUE = ("-X", "-W", "--check-hash-based-pycs")
-
-
 def fail_fast_command(cmd: Sequence[str]) -> list[str]:
     """`python [opts] X ...` -> `python [opts] -m hpcring.launch.pyrun X ...` (see pyrun's docstring).
 
@@ -192,17 +219,12 @@ def fail_fast_command(cmd: Sequence[str]) -> list[str]:
     running a script, `-m` or `-c`; anything else, including `python -m mpi4py` and stdin, is left alone.
     """
     exe = shutil.which(cmd[0]) if cmd else None
-    if exe is None or not _PYTHON_NAME.match(os.path.basename(exe)):
+    if exe is None or not is_python(exe) or not own_python(exe):
         return list(cmd)
-    if os.path.dirname(os.path.abspath(exe)) != os.path.dirname(os.path.abspath(sys.executable)):
+    target = python_target(cmd)
+    if target is None or target.kind == "stdin" or (target.kind, target.value) == ("module", "mpi4py"):
         return list(cmd)
-    i = 1
-    while i < len(cmd) and cmd[i].startswith("-") and cmd[i] not in ("-", "-m", "-c"):
-        if cmd[i].startswith(("-m", "-c")):
-            return list(cmd)  # -mpytest / -cCODE: rare spellings, left as they are
-        i += 2 if cmd[i] in _PY_OPTS_WITH_VALUE else 1
-    if i >= len(cmd) or cmd[i] == "-" or cmd[i : i + 2] == ["-m", "mpi4py"]:
-        return list(cmd)
+    i = target.index
     return [*cmd[:i], "-m", "hpcring.launch.pyrun", *cmd[i:]]
 
 
@@ -224,8 +246,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not cmd:
         parser.error("no command given after --")
+    reports = False
     if args.fail_fast:
-        cmd = fail_fast_command(cmd)
+        given, cmd = cmd, fail_fast_command(cmd)
+        reports = cmd != given
     # The MPI launcher's own variables, not HPCRING_* (which a nested launch may have inherited).
     rank, size = mpi_rank_size(os.environ) or (0, 1)
     sock = _connect(args.control.split(","), time.monotonic() + CONNECT_TIMEOUT_S)
@@ -254,7 +278,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if kind != protocol.GO:
         return 1  # told to terminate before starting: nothing to run
     try:
-        wrapper.start(cmd, _environment(protocol.decode(payload)))
+        wrapper.start(cmd, _environment(protocol.decode(payload)), reports)
     except OSError as exc:
         msg = f"hpcring rankwrap: rank {rank}: cannot start {cmd[0]!r}: {exc.strerror or exc}\n"
         wrapper.send(protocol.frame(protocol.STDERR, msg.encode()))

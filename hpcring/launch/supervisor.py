@@ -3,7 +3,8 @@
 One thread, one selector: the control socket accepts the wrappers, their frames carry output and exit reports,
 and a periodic tick watches mpiexec and the deadlines. The first rank that fails decides the exit code; every
 other rank is then told to stop (SIGTERM, then SIGKILL after the wrapper's grace), and mpiexec is killed if it
-lingers, so the whole job ends within ~10 s of a failure.
+lingers, so the whole job ends within ~10 s of a failure. In an elastic world a rank's error before its first
+commit lets the others run on a few seconds first, so the driver can see whether they all fail alike.
 """
 
 from __future__ import annotations
@@ -29,8 +30,12 @@ from hpcring.launch import protocol
 from hpcring.launch.command import LaunchSpec, build
 from hpcring.launch.flavour import MpiInstall
 from hpcring.launch.layout import emulated_nodes, node_of_hosts, places
+from hpcring.launch.report import ErrorReport, RankFailure
 
 ABORT_GRACE_S = 6.0  # after telling survivors to stop, before killing mpiexec's process group
+# Elastic: after a rank fails by an error before committing, how long the others may go on to show whether
+# they fail alike (a broken script) before they are ended (docs/elastic.md, which failures blacklist a host).
+VERDICT_HOLD_S = 5.0
 _FORWARD_SKIP_PREFIXES = ("OMPI_", "PMIX_", "PRTE_", "PMI_", "HYDRA_", "MPIR_", "MPI_LOCAL", "SLURM_", "LSB_")
 _FORWARD_SKIP = frozenset({"PWD", "OLDPWD", "SHLVL", "_", "HOSTNAME", "TERM", "DISPLAY", "SSH_CONNECTION"})
 
@@ -44,6 +49,10 @@ def describe_end(code: int | None, sig: int | None) -> str:
             name = f"signal {sig}"
         return f"was killed by signal {sig} ({name})"
     return f"exited with code {code}"
+
+
+def _clip(text: str, width: int = 200) -> str:
+    return text if len(text) <= width else text[: width - 3] + "..."
 
 
 def exit_status(code: int | None, sig: int | None) -> int:
@@ -182,11 +191,14 @@ class Supervisor:
         env: Mapping[str, str] | None = None,
         elastic: bool = False,
         rank_env: Callable[[int], Mapping[str, str]] | None = None,
+        hostname: Callable[[int], str] | None = None,
         on_tick: Callable[[Supervisor], None] | None = None,
     ) -> None:
         self.install = install
         self.elastic = elastic  # a rank exiting with RESET_EXIT_CODE asks for a relaunch, not a failure
         self.rank_env = rank_env  # extra variables per rank (the elastic driver's host assignment)
+        # A rank's host name (HOROVOD_HOSTNAME): the elastic driver's assignment, else what its machine says.
+        self.hostname = hostname
         self.on_tick = on_tick  # called from the loop (the elastic driver watches discovery from here)
         self.reset_rank: int | None = None
         self.output_files: dict[tuple[int, str], BinaryIO] = {}
@@ -197,7 +209,9 @@ class Supervisor:
         self.token = secrets.token_hex(16)
         self.sel = selectors.DefaultSelector()
         self.conns: dict[int, Conn] = {}  # by rank, once known
-        self.failure: tuple[int, str, int] | None = None  # (rank, how, exit status)
+        self.failure: tuple[int, str, int] | None = None  # (rank, how, exit status) of the first failure
+        self.failures: list[RankFailure] = []  # every rank that failed on its own, in order
+        self.hold_until: float | None = None  # elastic: others run on until then (VERDICT_HOLD_S)
         self.interrupted: int | None = None
         self.started = False
         self.abort_at: float | None = None
@@ -243,11 +257,40 @@ class Supervisor:
         f.flush()
 
     # ---- job control --------------------------------------------------------------------------------------
-    def _fail(self, rank: int, how: str, status: int) -> None:
-        if self.failure is None and self.interrupted is None:
-            self.failure = (rank, how, status)
-            self._note(f"rank {rank} {how}; ending the other ranks")
-            self._abort()
+    def _fail(self, rank: int, how: str, status: int, error: ErrorReport | None = None) -> None:
+        """A rank failed on its own. The first failure ends the job, except in an elastic world where a
+        rank's error before its first commit lets the others run on briefly: if they fail alike, the
+        script is broken and no host is to blame (hpcring.launch.elastic.verdict)."""
+        if self.interrupted is not None or self.abort_at is not None:
+            return
+        if self.failure is not None and error is None:
+            # Holding: a rank killed by a signal or lost now is most likely mpiexec ending the job because
+            # the first rank left MPI without finalising; it tells nothing about the script or its host.
+            return
+        self.failures.append(RankFailure(rank, how, status, error))
+        what = f" ({_clip(error.summary)})" if error is not None and error.kind == "exception" else ""
+        if self.failure is not None:  # holding: another rank failed by an error while we watch
+            self._note(f"rank {rank} {how}{what}")
+            return
+        self.failure = (rank, how, status)
+        if self.elastic and error is not None and error.committed is not True:
+            self.hold_until = time.monotonic() + VERDICT_HOLD_S
+            self._note(f"rank {rank} {how}{what}")
+            return
+        self._note(f"rank {rank} {how}{what}; ending the other ranks")
+        self._abort()
+
+    def _end_hold(self, now: float) -> None:
+        """End the verdict hold once every rank has ended, or when it expires (ending the others)."""
+        if self.hold_until is None or self.abort_at is not None:
+            return
+        live = sorted(r for r, c in self.conns.items() if not c.exited)
+        if live and now < self.hold_until:
+            return
+        self.hold_until = None
+        if live:
+            self._note(f"ending the other ranks ({', '.join(map(str, live))})")
+        self._abort()
 
     def _abort(self) -> None:
         """Tell every running wrapper to end its command; mpiexec is killed if it lingers past the grace."""
@@ -370,6 +413,7 @@ class Supervisor:
                     local_size=place.local_size,
                     cross_rank=place.cross_rank,
                     cross_size=place.cross_size,
+                    hostname=self.hostname(place.rank) if self.hostname else hosts[place.rank],
                     master_addr=master,
                     master_port=self.master_port,
                 )
@@ -400,7 +444,12 @@ class Supervisor:
             return
         if sig_i is not None or code_i != 0:
             assert conn.rank is not None
-            self._fail(conn.rank, describe_end(code_i, sig_i), exit_status(code_i, sig_i))
+            error = None
+            if sig_i is None:
+                error = ErrorReport.from_json(report.get("error")) or ErrorReport.for_exit_code(
+                    int(code_i or 0)
+                )
+            self._fail(conn.rank, describe_end(code_i, sig_i), exit_status(code_i, sig_i), error)
 
     def _relay(self, key: selectors.SelectorKey) -> None:
         out: MpiOutput = key.data
@@ -498,6 +547,7 @@ class Supervisor:
             if self.on_tick is not None:
                 self.on_tick(self)
             now = time.monotonic()
+            self._end_hold(now)
             if not self.started and now > start_deadline and self.abort_at is None:
                 self._note(
                     f"only {len(self.conns)} of {self.spec.np} ranks started within "

@@ -12,6 +12,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -20,11 +21,16 @@ import torch
 from support import ROOT
 
 PROGRAM = str(Path(__file__).with_name("train_program.py"))
+BROKEN = str(Path(__file__).with_name("broken_program.py"))
 WORLD = re.compile(
     r"^\[(\d+)\]<stdout>:WORLD gen=(\d+) size=(\d+) rank=\d+ step=(\d+) epoch=\d+ wsum=(\S+) t=(\S+)$"
 )
 STEP = re.compile(r"^\[(\d+)\]<stdout>:STEP (\d+) size=(\d+) t=(\S+)$")
 KILL = re.compile(r"^\[(\d+)\]<stdout>:KILL rank=\d+ step=(\d+) t=(\S+)$")
+HVDENV = re.compile(
+    r"^\[(\d+)\]<stdout>:HVDENV gen=(\d+) hvd=(\S+) RANK=(\S+) SIZE=(\S+) LOCAL_RANK=(\S+) LOCAL_SIZE=(\S+) "
+    r"CROSS_RANK=(\S+) CROSS_SIZE=(\S+) HOSTNAME=(\S+)$"
+)
 END = re.compile(r"^\[(\d+)\]<stdout>:END (\w+) size=(\d+) rank=\d+ step=(\d+) wsum=(\S+)$")
 
 
@@ -38,10 +44,11 @@ def launch(
     *,
     env: dict[str, str] | None = None,
     timeout: int = 240,
+    program: str = PROGRAM,
 ) -> subprocess.CompletedProcess[str]:
     """`hpcring run FLAGS -- python train_program.py ARGS` under timeout (never hangs)."""
     py = sys.executable
-    argv = [py, "-m", "hpcring", "run", *flags, "--", py, "-W", "ignore", PROGRAM, *program_args]
+    argv = [py, "-m", "hpcring", "run", *flags, "--", py, "-W", "ignore", program, *program_args]
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     full_env.pop("HPCRING_ELASTIC_DIR", None)  # the driver's own store unless the test names one
     full_env.update(env or {})
@@ -93,6 +100,20 @@ def test_a_killed_rank_shrinks_the_world_and_training_matches_the_same_schedule(
     assert "host 127.0.0.2 (rank 1" in err and "blacklisted for good" in err
     ends = matches(END, out)
     assert len(ends) == np - 1 and {e[2] for e in ends} == {str(np - 1)} and len({e[4] for e in ends}) == 1
+    # Horovod's rank variables follow the world: each world's own rank, size and host (the driver's name for
+    # it); every "host" is this machine, so local = world and one cross group, as hvd reports too.
+    hosts_of = {
+        0: [f"127.0.0.{i + 1}" for i in range(np)],
+        1: [f"127.0.0.{i + 1}" for i in range(np) if i != 1],
+    }
+    seen = set()
+    for label, g, place, *horovod in matches(HVDENV, out):
+        r, size = int(label), len(hosts_of[int(g)])
+        want = [str(v) for v in (r, size, r, size, 0, 1)]
+        assert horovod == [*want, hosts_of[int(g)][r]], (g, label, horovod)
+        assert place.split(",") == want
+        seen.add((int(g), r))
+    assert seen == {(0, r) for r in range(np)} | {(1, r) for r in range(np - 1)}
     rec = recovery_s(out)
     print(f"recovery at {np} -> {np - 1} ranks: {rec:.2f} s (SIGKILL -> first step of the next world)")
     no_orphans(str(final))
@@ -231,3 +252,51 @@ def test_a_signal_while_waiting_for_hosts_ends_the_job_at_once(tmp_path: Path) -
         proc.kill()
     assert rc == 128 + signal.SIGTERM
     assert "received SIGTERM; ending the job" in proc.stderr.read()
+
+
+def test_a_script_that_fails_alike_on_every_rank_ends_the_job_at_once(tmp_path: Path) -> None:
+    """The same AttributeError on both ranks before any commit: the script's fault, not the hosts'. The job
+    ends with that error shown and the ranks named, within seconds of the failure (it used to blacklist one
+    host, then wait the whole --elastic-timeout of 600 s for a second slot), and blacklists nothing."""
+    res = launch(["-H", hosts(2), "--min-np", "2"], [], program=BROKEN)
+    ended = time.time()
+    err = res.stderr
+    assert res.returncode == 1, err[-3000:]
+    failing = [float(t) for t in re.findall(r"^\[\d\]<stdout>:FAILING rank=\d t=(\S+)$", res.stdout, re.M)]
+    assert len(failing) == 2, res.stdout
+    print(f"broken script: launcher ended {ended - max(failing):.2f} s after the last rank failed")
+    assert ended - min(failing) < 60, "the job did not end at once (hang guard; expected a few seconds)"
+    assert "ranks 0, 1 on hosts 127.0.0.1, 127.0.0.2 failed the same way" in err
+    assert "the script fails, not a host: ending the job without relaunching" in err
+    verdict = err[err.index("failed the same way") :]
+    assert "error: AttributeError: 'Tensor' object has no attribute 'nromalize'" in verdict
+    assert "in load_batch" in verdict and "in train" in verdict  # one rank's traceback, the user's frames
+    assert "pyrun" not in err and "runpy" not in err
+    assert "blacklisted" not in err and "world 1" not in err and "relaunching (reset" not in err
+
+
+def test_an_error_on_one_host_blacklists_it_and_the_job_goes_on(tmp_path: Path) -> None:
+    """Rank 1 raises in world 0 before its first commit (the others, waiting in a collective, do not fail
+    alike and are ended) and, with another message, in world 1 after a commit (the world ends at once):
+    both times one host is blamed, blacklisted, and training goes on to the end on the host left."""
+    marker = tmp_path / "marker.pt"
+    res = launch(
+        ["-H", hosts(3), "--min-np", "1"],
+        ["--raise-rank", "1", "--raise-steps", "0:1,1:5", "--out", str(marker)],
+    )
+    out, err = res.stdout, res.stderr
+    assert res.returncode == 0, err[-3000:]
+    assert {(int(g), int(s)) for _, g, s, _, _, _ in matches(WORLD, out)} == {(0, 3), (1, 2), (2, 1)}
+    lines = err.splitlines()
+    first = "hpcring run: rank 1 exited with code 1 (RuntimeError: rank 1 fails in world 0)"
+    assert first in lines, err[-3000:]  # alone on its line: the others may still fail alike
+    # the others were then ended: by the launcher after the hold, or by mpiexec (rank 1 left MPI unfinalised)
+    assert "killed by signal" not in err and "lost contact" not in err  # their ends are not failures
+    second = "hpcring run: rank 1 exited with code 1 (RuntimeError: rank 1 fails in world 1)"
+    assert f"{second}; ending the other ranks" in lines  # it had committed: no hold
+    assert "host 127.0.0.2 (rank 1, which exited with code 1) is blacklisted for good" in err
+    assert "host 127.0.0.3 (rank 1, which exited with code 1) is blacklisted for good" in err
+    assert "failed the same way" not in err
+    ends = matches(END, out)
+    assert len(ends) == 1 and ends[0][:3] == ("0", "done", "1")
+    no_orphans(str(marker))

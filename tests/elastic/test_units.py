@@ -1,5 +1,6 @@
 """The pieces of elastic training that need no launch: the commit format and store, the sampler's
-repartitioning, host discovery output, the blacklist's cooldown and the driver's rank placement."""
+repartitioning, host discovery output, the blacklist's cooldown, the driver's rank placement and its verdict
+on whose fault a failed world is."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ import torch
 from hpcring.errors import ConfigError
 from hpcring.launch.elastic.discovery import Blacklist, parse_discovery_output
 from hpcring.launch.elastic.driver import ElasticSpec, assign
+from hpcring.launch.elastic.verdict import Judge, Verdict, explain
 from hpcring.launch.hosts import Host
+from hpcring.launch.report import ErrorReport, RankFailure
 from hpcring.torch.elastic import sampler as sampler_module
 from hpcring.torch.elastic import store
 
@@ -120,3 +123,56 @@ def test_elastic_spec_refuses_what_cannot_work(tmp_path: Path) -> None:
         ElasticSpec(min_np=1, discovery_script=str(tmp_path / "missing.sh"))
     with pytest.raises(ConfigError, match="MIN MAX"):
         ElasticSpec(min_np=1, hosts=(Host("a", 1),), cooldown=(5.0, 1.0))
+
+
+def _error(summary: str, where: str = "train.py:3 in main") -> ErrorReport:
+    return ErrorReport("exception", summary, where, committed=False)
+
+
+BUG = _error("AttributeError: module 'torch' has no attribute 'nope'")
+
+
+def test_the_same_error_on_two_hosts_is_the_scripts() -> None:
+    world = ["a", "b", "b"]
+    failures = [RankFailure(2, "exited with code 1", 1, BUG), RankFailure(0, "exited with code 1", 1, BUG)]
+    verdict = Judge().judge(failures, world, 0)
+    assert verdict.script and verdict.ranks == (0, 2) and verdict.hosts == ("a", "b")
+    text = explain(verdict, 0)
+    assert "ranks 0, 2 on hosts a, b failed the same way" in text and BUG.summary in text
+    # the same error on one host only (its two ranks): that host's, in doubt
+    alone = Judge().judge([*failures[:1], RankFailure(1, "exited with code 1", 1, BUG)], world, 0)
+    assert not alone.script and alone.host == "b"
+
+
+def test_signals_lost_wrappers_and_errors_on_one_host_blame_the_host() -> None:
+    world = ["a", "b"]
+    killed = RankFailure(1, "was killed by signal 9 (SIGKILL)", 137)
+    assert Judge().judge([killed, RankFailure(0, "exited with code 1", 1, BUG)], world, 0).host == "b"
+    lost = RankFailure(0, "lost contact with the launcher (its wrapper died)", 1)
+    assert Judge().judge([lost], world, 0) == Verdict(False, "a", lost, (0,), ("a",))
+    # different errors on the two hosts: not the same failure, the first one's host is blamed
+    other = RankFailure(1, "exited with code 1", 1, _error("RuntimeError: CUDA error: ECC"))
+    assert Judge().judge([other, RankFailure(0, "exited with code 1", 1, BUG)], world, 0).host == "b"
+
+
+def test_an_error_that_follows_the_job_to_another_host_is_the_scripts() -> None:
+    """Rank 0 raises in every world (`if rank == 0: bug`): its host is blamed once, then the script."""
+    judge = Judge()
+    first = judge.judge([RankFailure(0, "exited with code 1", 1, BUG)], ["a", "b", "c"], 0)
+    assert not first.script and first.host == "a"
+    second = judge.judge([RankFailure(0, "exited with code 1", 1, BUG)], ["b", "c"], 1)
+    assert second.script and second.earlier == (0, "a")
+    assert "failed in world 1 as a rank on a did in world 0" in explain(second, 1)
+    # another error is judged on its own; the same error back on the blamed host (after its cooldown) too
+    assert not judge.judge(
+        [RankFailure(0, "exited with code 1", 1, _error("OSError: disk"))], ["b"], 2
+    ).script
+    assert not judge.judge([RankFailure(0, "exited with code 1", 1, BUG)], ["a", "b"], 3).script
+
+
+def test_exit_codes_without_a_report_compare_by_code() -> None:
+    world = ["a", "b"]
+    two = [RankFailure(r, "exited with code 2", 2, ErrorReport.for_exit_code(2)) for r in (1, 0)]
+    assert Judge().judge(two, world, 0).script
+    mixed = [two[0], RankFailure(0, "exited with code 3", 3, ErrorReport.for_exit_code(3))]
+    assert not Judge().judge(mixed, world, 0).script

