@@ -47,6 +47,13 @@ def _status(code: object) -> int:
     return 1
 
 
+def _exception_status(exc: BaseException) -> int:
+    """1, or the status an hpcring error asks for (a collective timeout's own, so the launcher and scripts
+    see the same status whether the watchdog or the uncaught error ends the rank first)."""
+    status = getattr(exc, "exit_status", None)
+    return status if isinstance(status, int) and 0 < status < 256 else 1
+
+
 def run(args: Sequence[str]) -> None:
     """Run the target as Python's own command line would (sys.argv and sys.path[0] included)."""
     if args[0] == "-m":
@@ -79,11 +86,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         if _mpi_active():
             _exit_now(130)
         raise
-    except BaseException:
+    except BaseException as exc:
         if not _mpi_active():
             raise
         sys.excepthook(*sys.exc_info())
-        _exit_now(1)
+        _exit_now(_exception_status(exc))
 
 
 if __name__ == "__main__":
