@@ -210,8 +210,8 @@ VARIABLES: tuple[HorovodVariable, ...] = (
     _v(
         "GLOO_TIMEOUT_SECONDS",
         False,
-        "Gloo's connect and operation timeout in horovodrun's Gloo mode (30 s); hpcring's world comes from MPI, "
-        "and a collective that hangs is bounded by HPCRING_COLLECTIVE_TIMEOUT (hpcring run "
+        "Gloo's connect and operation timeout in horovodrun's Gloo mode (30 s); hpcring's world comes from "
+        "MPI, and a collective that hangs is bounded by HPCRING_COLLECTIVE_TIMEOUT (hpcring run "
         "--collective-timeout, 300 s)",
     ),
 )

@@ -44,6 +44,7 @@ from hpcring.engine.host_plane import HostPlane
 from hpcring.engine.negotiation import Negotiator
 from hpcring.engine.request import Handle, OpType, Request, Signature
 from hpcring.engine.responses import _REQ_SET, _SIG_NAME
+from hpcring.engine.roll_call import RollCall
 from hpcring.engine.set_state import SetState
 from hpcring.engine.settings_check import check_settings_agree
 from hpcring.engine.timeline import Timeline
@@ -89,7 +90,8 @@ class Engine:
         shm_slot = kernels.slot_limit()  # largest fused batch through shared memory, read once
         check_settings_agree(world.comm, settings, kernels.wire_settings(chunk, shm_slot))
         # Every rank's host, gathered now: a collective timeout must name hosts without talking to anyone.
-        self._watchdog = Watchdog(state, world.rank, world.comm.allgather(socket.gethostname()))
+        hosts = world.comm.allgather(socket.gethostname())
+        self._watchdog = Watchdog(state, world.rank, hosts, RollCall(self._mpi, world.comm))
         self._negotiator = Negotiator(state, self._mpi)
         self._executor = Executor(state, HostPlane(state, chunk, shm_slot, self._mpi.buffer), self)
         self._caller = CallerCycles(state, self._wake, self._cycle)
@@ -275,6 +277,7 @@ class Engine:
             log.error("engine thread did not stop within %.0f s (a peer rank may have died)", timeout)
             return
         self.stop_timeline()
+        self._watchdog.close()
         self._executor.close()
         for st in state.sets.values():
             st.topology.free()

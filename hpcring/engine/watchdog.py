@@ -10,14 +10,17 @@ waits on peers (a negotiation round, or executing the agreed responses) and None
 attribute writes per set and cycle, no lock, no wake-up. The watchdog thread wakes every `poll_s` (a tenth
 of the timeout, at most 1 s) and compares the phase's start with the clock.
 
-What it does on expiry (docs/launcher.md, "Collective timeout"): print the error (phase, op, tensor names,
-the peers not heard from and their hosts, how long it waited), fail this rank's pending requests with
+What it does on expiry (docs/launcher.md, "Collective timeout"): a roll call among the peers of the stuck
+collective (engine/roll_call.py) finds which of them stopped; then it prints the error (phase, op, tensor
+names, the peers not heard from and their hosts, how long it waited), waits `GRACE_S` so the other survivors
+print theirs before the first exit makes the launcher end the job, fails this rank's pending requests with
 `CollectiveTimeoutError` (a waiter blocked in Python sees it; one blocked in MPI, such as a caller running
-the cycle itself, cannot), give Python `GRACE_S` to end the process its own way, then `os._exit`: never
+the cycle itself, cannot), gives Python `HANDOFF_S` to end the process its own way, then `os._exit`: never
 MPI_Finalize, which would wait for the peer that is gone. The status is COLLECTIVE_TIMEOUT_EXIT_STATUS, or
 under the elastic driver RESET_EXIT_CODE, the status `@hvd.elastic.run` uses for a HorovodInternalError:
-the driver ends the world and relaunches it from the last commit (it cannot tell which host is at fault
-from a survivor's report, so it blacklists none; a host that stays unreachable is the launcher's to find).
+the driver ends the world and relaunches it from the last commit on the same hosts (a survivor's status
+cannot say which host is at fault, so it blacklists none; a host that stays unreachable is the launcher's to
+find).
 """
 
 from __future__ import annotations
@@ -32,13 +35,15 @@ from typing import Any
 
 from hpcring.contracts import elastic as elastic_contract
 from hpcring.engine.engine_state import EngineState
+from hpcring.engine.roll_call import RollCall
 from hpcring.engine.set_state import SetState
 from hpcring.errors import COLLECTIVE_TIMEOUT_EXIT_STATUS, CollectiveTimeoutError
 
 NEGOTIATION = "negotiation"  # a negotiation round: every rank's engine enters one every few ms, busy or not
 EXCHANGE = "exchange"  # executing responses every rank agreed on: every rank submitted them
 
-GRACE_S = 2.0  # after the error is raised to Python, before the process is ended regardless
+GRACE_S = 2.0  # from printing the error to raising it to Python (other survivors print theirs meanwhile)
+HANDOFF_S = 0.5  # from raising it to Python to ending the process regardless
 _NAMES_SHOWN = 8  # tensor names listed per operation; the rest are counted
 
 # (started at, phase, the set, the responses being executed or None); set by the thread running the cycle.
@@ -49,6 +54,11 @@ def poll_interval(timeout_s: float) -> float:
     """How often the watchdog looks: often enough to end within ~10 % of the timeout, never busier than
     20 times a second, and at least once a second."""
     return min(1.0, max(0.05, timeout_s / 10))
+
+
+def roll_call_window(timeout_s: float) -> float:
+    """How long survivors listen for each other: their watchdogs fire up to one poll apart, plus slack."""
+    return 2 * poll_interval(timeout_s) + 1.0
 
 
 def exit_status(env: dict[str, str] | None = None) -> int:
@@ -69,12 +79,14 @@ class Watchdog:
         state: EngineState,
         rank: int,
         hosts: Sequence[str],
+        roll_call: RollCall | None = None,
         exit_process: Callable[[int], None] = os._exit,
     ) -> None:
         self.current: Activity | None = None
         self._state = state
         self._rank = rank
         self._hosts = tuple(hosts)  # host name of every rank of the engine's world, by rank
+        self._roll_call = roll_call
         self._exit = exit_process
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -94,59 +106,101 @@ class Watchdog:
         """The engine stopped: nothing to watch any more."""
         self._stop.set()
 
+    def close(self) -> None:
+        """A clean engine shutdown (every rank is there): the roll call's communicator goes too."""
+        self.stop()
+        if self._roll_call is not None and self.fired is None:
+            self._roll_call.free()
+            self._roll_call = None
+
     def _run(self) -> None:
         timeout = self.timeout_s
         while not self._stop.wait(poll_interval(timeout)):
-            message = self.check(time.monotonic())
-            if message is not None:
-                self._expire(message)
+            now = time.monotonic()
+            cur = self.expired(now)
+            if cur is not None:
+                peers = self.peers(cur)
+                heard = None
+                if self._roll_call is not None:
+                    heard = self._roll_call.call(peers, roll_call_window(timeout))
+                self._expire(self.describe(cur, now - cur[0], heard))
                 return
 
-    def check(self, now: float) -> str | None:
-        """The error message when the phase in progress started `timeout_s` or more before `now`."""
+    def expired(self, now: float) -> Activity | None:
+        """The phase in progress when it started `timeout_s` or more before `now`."""
         cur = self.current  # one read: the cycle may replace it meanwhile
         timeout = self.timeout_s
         if cur is None or timeout <= 0 or now - cur[0] < timeout:
             return None
-        return self.describe(cur, now - cur[0])
+        return cur
 
-    def describe(self, cur: Activity, waited: float) -> str:
-        """The error: what this rank was doing, for how long, and which peers it was waiting on."""
+    def peers(self, cur: Activity) -> list[int]:
+        """The other ranks of the set the phase waits on (world ranks)."""
+        return [r for r in cur[2].ranks if r != self._rank]
+
+    def describe(self, cur: Activity, waited: float, heard: set[int] | None = None) -> str:
+        """The error: what this rank was doing, for how long, and which peers it was waiting on; `heard`:
+        the peers that answered the roll call (None: it could not run)."""
         _, phase, st, responses = cur
         where = f"rank {self._rank} (host {self._host(self._rank)})"
         if phase == EXCHANGE:
             what = f"{_ops(responses or ())} in process set {st.id}"
             head = f"{what} has not completed {waited:.1f} s after every rank submitted it"
-            how = "the exchange waits inside MPI, which does not say which of them stopped"
         else:
             pending = _ops(list(st.inflight.values())) or "nothing pending on this rank"
             head = (
                 f"a negotiation round of process set {st.id} has not completed in {waited:.1f} s (every "
                 f"rank's engine runs one every few ms, busy or idle; pending here: {pending})"
             )
-            how = "this rank waits inside MPI for their engines to join the round, and MPI does not say which"
-        peers = [r for r in st.ranks if r != self._rank]
-        listing = ", ".join(f"{r} (host {self._host(r)})" for r in peers)
         return (
             f"hpcring: collective timeout on {where}: {head} (HPCRING_COLLECTIVE_TIMEOUT="
-            f"{self.timeout_s:g}). Not heard from: one or more of ranks {listing}: {how}; the rank(s) that "
-            "report no timeout of their own are the ones that stopped (frozen, or cut off)."
+            f"{self.timeout_s:g}). {self._who(self.peers(cur), heard)}"
         )
+
+    def _who(self, peers: list[int], heard: set[int] | None) -> str:
+        """Which peers stopped, as far as this rank can tell."""
+        if heard is None:
+            return (
+                f"Not heard from: one or more of ranks {self._listing(peers)}: this rank waits inside MPI, "
+                "which does not say which peer stopped; the rank(s) that report no timeout of their own are "
+                "the ones that stopped (frozen, or cut off)."
+            )
+        silent = [r for r in peers if r not in heard]
+        alive = [r for r in peers if r in heard]
+        answered = f"; ranks {self._listing(alive)} answered" if alive else ""
+        if silent:
+            return (
+                f"Not heard from: rank(s) {self._listing(silent)}: they did not answer a roll call of the "
+                f"ranks stuck with this one{answered}, so they stopped (frozen, dead, or cut off)."
+            )
+        return (
+            f"Every peer answered a roll call ({self._listing(peers)}): all are alive and stuck in the same "
+            "wait, so MPI itself is not completing it (look at the network or fabric)."
+        )
+
+    def _listing(self, ranks: Sequence[int]) -> str:
+        return ", ".join(f"{r} (host {self._host(r)})" for r in ranks)
 
     def _host(self, rank: int) -> str:
         return self._hosts[rank] if 0 <= rank < len(self._hosts) else "unknown"
 
     def _expire(self, message: str) -> None:
-        """Say it, raise it to Python where a waiter can see it, and end the process."""
+        """Say it; after GRACE_S (the other survivors' watchdogs fire up to a poll later and must say theirs
+        before the first to exit makes the launcher end the job) raise it to Python, where a waiter can see
+        it, for HANDOFF_S; then end the process."""
         self.fired = message
         status = exit_status()
         _say(f"{message} Ending this rank with exit status {status} (no MPI_Finalize).")
+        self._pause(GRACE_S)
         self._fail_pending(message)
-        deadline = time.monotonic() + GRACE_S
-        while time.monotonic() < deadline and not self._stop.is_set():
-            time.sleep(0.05)
+        self._pause(HANDOFF_S)
         _say("")
         self._exit(status)
+
+    def _pause(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline and not self._stop.is_set():
+            time.sleep(0.05)
 
     def _fail_pending(self, message: str) -> None:
         """Every pending request of this rank fails with the error; new submissions are refused."""

@@ -12,7 +12,7 @@ import time
 import pytest
 from support import RunRanks
 
-from hpcring.engine.watchdog import GRACE_S, poll_interval
+from hpcring.engine.watchdog import GRACE_S, HANDOFF_S, poll_interval, roll_call_window
 from hpcring.errors import COLLECTIVE_TIMEOUT_EXIT_STATUS
 
 PROGRAM = "tests/ranked/engine/timeout_program.py"
@@ -48,7 +48,8 @@ def test_frozen_rank_ends_the_job(hpcring_run: RunRanks, flavour: str, np: int, 
     frozen = re.search(rf"^\[{FROZEN}\]<stdout>:FROZEN (\d+\.\d+) (.*)$", proc.stdout, re.M)
     assert frozen, out[-6000:]
     assert "SURVIVED" not in out, out[-6000:]
-    assert ended - float(frozen.group(1)) < TIMEOUT_S + GRACE_S + MARGIN_S, out[-6000:]
+    bound = TIMEOUT_S + roll_call_window(TIMEOUT_S) + GRACE_S + HANDOFF_S + MARGIN_S
+    assert ended - float(frozen.group(1)) < bound, out[-6000:]
     host = socket.gethostname()
     tensor = "big" if mode == "exchange" else "step"
     for r in range(np):
@@ -65,7 +66,11 @@ def test_frozen_rank_ends_the_job(hpcring_run: RunRanks, flavour: str, np: int, 
         assert f"(host {host})" in error
         assert f"allreduce of '{tensor}'" in error, error
         assert f"HPCRING_COLLECTIVE_TIMEOUT={TIMEOUT_S:g}" in error
-        assert f"{FROZEN} (host {host})" in error, error
+        # The roll call: every survivor names the frozen rank alone, and the others as alive.
+        assert f"Not heard from: rank(s) {FROZEN} (host {host}): they did not answer a roll call" in error
+        alive = [q for q in range(np) if q not in (r, FROZEN)]
+        if alive:
+            assert f"ranks {', '.join(f'{q} (host {host})' for q in alive)} answered" in error, error
         assert f"exit status {COLLECTIVE_TIMEOUT_EXIT_STATUS}" in error
         waited = re.search(r"(?:completed|in) (\d+\.\d) s", error)
         assert waited, error

@@ -20,7 +20,14 @@ from hpcring.engine.engine_state import EngineState
 from hpcring.engine.request import Request
 from hpcring.engine.responses import Response
 from hpcring.engine.set_state import SetState
-from hpcring.engine.watchdog import EXCHANGE, NEGOTIATION, Watchdog, exit_status, poll_interval
+from hpcring.engine.watchdog import (
+    EXCHANGE,
+    NEGOTIATION,
+    Watchdog,
+    exit_status,
+    poll_interval,
+    roll_call_window,
+)
 from hpcring.errors import COLLECTIVE_TIMEOUT_EXIT_STATUS, CollectiveTimeoutError, ConfigError
 
 HOSTS = ("n0", "n0", "n1", "n1")
@@ -45,18 +52,18 @@ def response(req: Request) -> Response:
 
 def test_nothing_fires_before_the_timeout_or_between_cycles() -> None:
     dog, st = make(5.0)
-    assert dog.check(100.0) is None  # no phase in progress
+    assert dog.expired(100.0) is None  # no phase in progress
     dog.current = (100.0, EXCHANGE, st, [response(request("a"))])
-    assert dog.check(104.9) is None
-    assert dog.check(105.0) is not None
+    assert dog.expired(104.9) is None
+    assert dog.expired(105.0) is dog.current
     dog.current = None  # the cycle ended
-    assert dog.check(1000.0) is None
+    assert dog.expired(1000.0) is None
 
 
 def test_timeout_zero_is_off() -> None:
     dog, st = make(0.0)
     dog.current = (0.0, EXCHANGE, st, [response(request("a"))])
-    assert dog.check(1e9) is None
+    assert dog.expired(1e9) is None
     dog.start()
     assert dog._thread is None, "no thread when off"
 
@@ -65,36 +72,52 @@ def test_exchange_message_names_op_tensors_peers_hosts_and_wait() -> None:
     dog, st = make(5.0, rank=2)
     batch = [response(request(f"grad.{i}")) for i in range(10)] + [response(request("b", OpType.BROADCAST))]
     dog.current = (10.0, EXCHANGE, st, batch)
-    msg = dog.check(16.25)
-    assert msg is not None
+    cur = dog.expired(16.25)
+    assert cur is not None
+    msg = dog.describe(cur, 6.25)
     assert msg.startswith("hpcring: collective timeout on rank 2 (host n1): ")
     assert "allreduce of 'grad.0', 'grad.1'" in msg and "'grad.7' and 2 more" in msg
     assert "'grad.8'" not in msg
     assert "broadcast of 'b'" in msg
     assert "in process set 0 has not completed 6.2 s after every rank submitted it" in msg
     assert "HPCRING_COLLECTIVE_TIMEOUT=5" in msg
-    assert "ranks 0 (host n0), 1 (host n0), 3 (host n1)" in msg
+    assert "one or more of ranks 0 (host n0), 1 (host n0), 3 (host n1): this rank waits inside MPI" in msg
     assert "2 (host" not in msg.split("Not heard from")[1], "a rank is not its own peer"
+
+
+def test_the_roll_call_names_the_silent_peers() -> None:
+    dog, st = make(5.0, rank=2)
+    cur = (0.0, EXCHANGE, st, [response(request("a"))])
+    assert dog.peers(cur) == [0, 1, 3]
+    msg = dog.describe(cur, 5.0, heard={0, 3})
+    assert "Not heard from: rank(s) 1 (host n0): they did not answer a roll call" in msg
+    assert "ranks 0 (host n0), 3 (host n1) answered" in msg
+    msg = dog.describe(cur, 5.0, heard=set())
+    assert "Not heard from: rank(s) 0 (host n0), 1 (host n0), 3 (host n1): they did not" in msg
+    assert "answered" not in msg
+    msg = dog.describe(cur, 5.0, heard={0, 1, 3})
+    assert "Every peer answered a roll call" in msg and "Not heard from" not in msg
 
 
 def test_negotiation_message_names_what_is_pending_and_the_set_members_only() -> None:
     dog, st = make(2.0, rank=1, ranks=(1, 3))
     st.id = 4
     st.inflight["step"] = request("step")
-    dog.current = (0.0, NEGOTIATION, st, None)
-    msg = dog.check(3.0)
-    assert msg is not None
+    cur = dog.current = (0.0, NEGOTIATION, st, None)
+    assert dog.expired(3.0) is cur
+    msg = dog.describe(cur, 3.0)
     assert "negotiation round of process set 4 has not completed in 3.0 s" in msg
     assert "pending here: allreduce of 'step'" in msg
     assert "ranks 3 (host n1):" in msg and "0 (host" not in msg
     st.inflight.clear()
-    assert "nothing pending on this rank" in (dog.check(3.0) or "")
+    assert "nothing pending on this rank" in dog.describe(cur, 3.0)
 
 
 def test_poll_interval_is_bounded() -> None:
     assert poll_interval(300) == 1.0
     assert poll_interval(3) == pytest.approx(0.3)
     assert poll_interval(0.1) == 0.05
+    assert roll_call_window(300) == 3.0
 
 
 def test_exit_status_is_the_elastic_reset_under_the_driver() -> None:
