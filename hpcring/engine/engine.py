@@ -26,6 +26,7 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import logging
+import os
 import queue
 import socket
 import threading
@@ -36,6 +37,7 @@ from typing import Any
 
 from hpcring.collective import kernels
 from hpcring.config import ALGORITHMS, EngineSettings
+from hpcring.contracts.elastic import HOST as ELASTIC_HOST
 from hpcring.engine.bitvector import _NO_ABORT, _NO_SHUTDOWN
 from hpcring.engine.caller_cycles import CallerCycles, wake_deferred
 from hpcring.engine.engine_state import EngineState
@@ -90,7 +92,8 @@ class Engine:
         shm_slot = kernels.slot_limit()  # largest fused batch through shared memory, read once
         check_settings_agree(world.comm, settings, kernels.wire_settings(chunk, shm_slot))
         # Every rank's host, gathered now: a collective timeout must name hosts without talking to anyone.
-        hosts = world.comm.allgather(socket.gethostname())
+        # Under the elastic driver, the name it assigned (and blacklists by).
+        hosts = world.comm.allgather(os.environ.get(ELASTIC_HOST) or socket.gethostname())
         self._watchdog = Watchdog(state, world.rank, hosts, RollCall(self._mpi, world.comm))
         self._negotiator = Negotiator(state, self._mpi)
         self._executor = Executor(state, HostPlane(state, chunk, shm_slot, self._mpi.buffer), self)
