@@ -41,6 +41,16 @@ def test_without_mpi_errors_are_plain_python() -> None:
     assert got.returncode == 1 and got.stderr.rstrip().endswith("ValueError: v")
 
 
+def test_an_uncaught_collective_timeout_keeps_its_status() -> None:
+    """With MPI initialised, an uncaught error exits at once with 1, or with the status a collective timeout
+    asks for (the same one the watchdog would use), so `hpcring run` sees 70 either way."""
+    code = "from mpi4py import MPI; from hpcring.errors import {0}; raise {0}('stuck')"
+    got = run(*RUN, "-c", code.format("CollectiveTimeoutError"))
+    assert got.returncode == 70 and "CollectiveTimeoutError: stuck" in got.stderr, got.stderr
+    got = run(*RUN, "-c", code.format("CollectiveError"))
+    assert got.returncode == 1 and "CollectiveError: stuck" in got.stderr, got.stderr
+
+
 @pytest.mark.parametrize(
     ("cmd", "expected"),
     [
