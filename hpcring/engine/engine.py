@@ -424,7 +424,7 @@ class Engine:
             st = state.sets.get(set_id)
             if st is None:  # removed earlier in this cycle
                 continue
-            watchdog.current = (time.monotonic(), NEGOTIATION, st, None)
+            watchdog.current = (NEGOTIATION, st, None)
             responses, flags = self._negotiator.negotiate(st, timeline)
             if set_id == 0 and not flags & _NO_SHUTDOWN:
                 if self._stop_reason is None:
@@ -433,7 +433,7 @@ class Engine:
             if not flags & _NO_ABORT:
                 self._abort_stalled(st)
             if responses:
-                watchdog.current = (time.monotonic(), EXCHANGE, st, responses)
+                watchdog.current = (EXCHANGE, st, responses)
                 if timeline is not None:
                     timeline.cycle(self._cycle_no)
                 self._executor.execute(st, responses, timeline)

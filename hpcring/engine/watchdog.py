@@ -5,10 +5,12 @@ port) leaves the engine's thread inside an MPI call that never returns, so nothi
 at a clock. The stall inspector names ranks that stop *submitting*; this covers the case where every rank
 submitted (or every engine entered a negotiation round) and the exchange itself never completes.
 
-How cheap: the thread running a cycle writes one tuple to `Watchdog.current` when it starts a phase that
-waits on peers (a negotiation round, or executing the agreed responses) and None when the cycle ends: two
-attribute writes per set and cycle, no lock, no wake-up. The watchdog thread wakes every `poll_s` (a tenth
-of the timeout, at most 1 s) and compares the phase's start with the clock.
+How cheap: the thread running a cycle writes a new tuple to `Watchdog.current` when it starts a phase
+that waits on peers (a negotiation round, or executing the agreed responses) and None when the cycle ends:
+attribute writes, no clock, no lock, no wake-up. The watchdog thread wakes every `poll_interval` (a tenth
+of the timeout, at most 1 s), notes when it first saw the tuple now there (by identity: it keeps a
+reference, so a new tuple is never the same object), and fires when the same one has been there for the
+timeout: at most one poll late, never early.
 
 What it does on expiry (docs/launcher.md, "Collective timeout"): a roll call among the peers of the stuck
 collective (engine/roll_call.py) finds which of them stopped; then it prints the error (phase, op, tensor
@@ -46,8 +48,8 @@ GRACE_S = 2.0  # from printing the error to raising it to Python (other survivor
 HANDOFF_S = 0.5  # from raising it to Python to ending the process regardless
 _NAMES_SHOWN = 8  # tensor names listed per operation; the rest are counted
 
-# (started at, phase, the set, the responses being executed or None); set by the thread running the cycle.
-Activity = tuple[float, str, SetState, Sequence[Any] | None]
+# (phase, the set, the responses being executed or None); a new tuple per phase, set by the cycle's thread.
+Activity = tuple[str, SetState, Sequence[Any] | None]
 
 
 def poll_interval(timeout_s: float) -> float:
@@ -91,6 +93,8 @@ class Watchdog:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.fired: str | None = None  # the error message, once expired
+        self._seen: Activity | None = None  # the record the last poll saw, and since when
+        self._seen_at = 0.0
 
     @property
     def timeout_s(self) -> float:
@@ -116,32 +120,42 @@ class Watchdog:
     def _run(self) -> None:
         timeout = self.timeout_s
         while not self._stop.wait(poll_interval(timeout)):
-            now = time.monotonic()
-            cur = self.expired(now)
-            if cur is not None:
+            found = self.observe(time.monotonic())
+            if found is not None:
+                cur, waited = found
                 peers = self.peers(cur)
                 heard = None
                 if self._roll_call is not None:
                     heard = self._roll_call.call(peers, roll_call_window(timeout))
-                self._expire(self.describe(cur, now - cur[0], heard))
+                self._expire(self.describe(cur, waited, heard))
                 return
 
-    def expired(self, now: float) -> Activity | None:
-        """The phase in progress when it started `timeout_s` or more before `now`."""
+    def observe(self, now: float) -> tuple[Activity, float] | None:
+        """One poll: (the phase in progress, seconds it has waited) once it has been in progress for the
+        timeout; the first poll that sees a phase starts its clock."""
         cur = self.current  # one read: the cycle may replace it meanwhile
-        timeout = self.timeout_s
-        if cur is None or timeout <= 0 or now - cur[0] < timeout:
+        if cur is None:
+            self._seen = None
             return None
-        return cur
+        if cur is not self._seen:
+            self._seen, self._seen_at = cur, now
+            return None
+        timeout = self.timeout_s
+        waited = now - self._seen_at
+        if timeout <= 0 or waited < timeout:
+            return None
+        if cur[0] == EXCHANGE and cur[2]:  # the moment negotiation agreed the batch: exact
+            waited = max(waited, now - cur[2][0].ready_at)
+        return cur, waited
 
     def peers(self, cur: Activity) -> list[int]:
         """The other ranks of the set the phase waits on (world ranks)."""
-        return [r for r in cur[2].ranks if r != self._rank]
+        return [r for r in cur[1].ranks if r != self._rank]
 
     def describe(self, cur: Activity, waited: float, heard: set[int] | None = None) -> str:
         """The error: what this rank was doing, for how long, and which peers it was waiting on; `heard`:
         the peers that answered the roll call (None: it could not run)."""
-        _, phase, st, responses = cur
+        phase, st, responses = cur
         where = f"rank {self._rank} (host {self._host(self._rank)})"
         if phase == EXCHANGE:
             what = f"{_ops(responses or ())} in process set {st.id}"

@@ -4,7 +4,6 @@ are in tests/engine/test_engine_timeout.py)."""
 from __future__ import annotations
 
 import threading
-import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -46,24 +45,38 @@ def request(name: str, op: OpType = OpType.ALLREDUCE) -> Request:
     return Request(Signature(name, op, "float64", (2,), "sum"), 0, x, np.empty_like(x))
 
 
-def response(req: Request) -> Response:
-    return Response(req.sig, req, None, None, 0.0)
+def response(req: Request, ready_at: float = 0.0) -> Response:
+    return Response(req.sig, req, None, None, ready_at)
 
 
-def test_nothing_fires_before_the_timeout_or_between_cycles() -> None:
+def test_the_clock_starts_at_the_first_poll_that_sees_a_phase() -> None:
     dog, st = make(5.0)
-    assert dog.expired(100.0) is None  # no phase in progress
-    dog.current = (100.0, EXCHANGE, st, [response(request("a"))])
-    assert dog.expired(104.9) is None
-    assert dog.expired(105.0) is dog.current
+    assert dog.observe(100.0) is None  # no phase in progress
+    cur = dog.current = (NEGOTIATION, st, None)
+    assert dog.observe(100.0) is None  # first seen now
+    assert dog.observe(104.9) is None
+    assert dog.observe(105.0) == (cur, 5.0)
+    dog.current = (NEGOTIATION, st, None)  # equal, but a new round: its own clock
+    assert dog.observe(105.5) is None
+    assert dog.observe(110.0) is None
     dog.current = None  # the cycle ended
-    assert dog.expired(1000.0) is None
+    assert dog.observe(1000.0) is None
+    dog.current = cur
+    assert dog.observe(1001.0) is None, "a phase seen again after a gap starts again"
+
+
+def test_an_exchange_waits_from_when_it_was_agreed() -> None:
+    dog, st = make(5.0)
+    agreed = response(request("a"), ready_at=90.0)
+    cur = dog.current = (EXCHANGE, st, [agreed])
+    assert dog.observe(96.0) is None  # first seen late: the poll does not know the start yet
+    assert dog.observe(101.0) == (cur, 11.0)
 
 
 def test_timeout_zero_is_off() -> None:
     dog, st = make(0.0)
-    dog.current = (0.0, EXCHANGE, st, [response(request("a"))])
-    assert dog.expired(1e9) is None
+    dog.current = (EXCHANGE, st, [response(request("a"))])
+    assert dog.observe(0.0) is None and dog.observe(1e9) is None
     dog.start()
     assert dog._thread is None, "no thread when off"
 
@@ -71,9 +84,7 @@ def test_timeout_zero_is_off() -> None:
 def test_exchange_message_names_op_tensors_peers_hosts_and_wait() -> None:
     dog, st = make(5.0, rank=2)
     batch = [response(request(f"grad.{i}")) for i in range(10)] + [response(request("b", OpType.BROADCAST))]
-    dog.current = (10.0, EXCHANGE, st, batch)
-    cur = dog.expired(16.25)
-    assert cur is not None
+    cur = dog.current = (EXCHANGE, st, batch)
     msg = dog.describe(cur, 6.25)
     assert msg.startswith("hpcring: collective timeout on rank 2 (host n1): ")
     assert "allreduce of 'grad.0', 'grad.1'" in msg and "'grad.7' and 2 more" in msg
@@ -87,7 +98,7 @@ def test_exchange_message_names_op_tensors_peers_hosts_and_wait() -> None:
 
 def test_the_roll_call_names_the_silent_peers() -> None:
     dog, st = make(5.0, rank=2)
-    cur = (0.0, EXCHANGE, st, [response(request("a"))])
+    cur = (EXCHANGE, st, [response(request("a"))])
     assert dog.peers(cur) == [0, 1, 3]
     msg = dog.describe(cur, 5.0, heard={0, 3})
     assert "Not heard from: rank(s) 1 (host n0): they did not answer a roll call" in msg
@@ -103,8 +114,7 @@ def test_negotiation_message_names_what_is_pending_and_the_set_members_only() ->
     dog, st = make(2.0, rank=1, ranks=(1, 3))
     st.id = 4
     st.inflight["step"] = request("step")
-    cur = dog.current = (0.0, NEGOTIATION, st, None)
-    assert dog.expired(3.0) is cur
+    cur = dog.current = (NEGOTIATION, st, None)
     msg = dog.describe(cur, 3.0)
     assert "negotiation round of process set 4 has not completed in 3.0 s" in msg
     assert "pending here: allreduce of 'step'" in msg
@@ -138,7 +148,7 @@ def test_expiry_fails_pending_requests_then_ends_the_process() -> None:
     dog._exit = record
     req = request("stuck")
     st.inflight["stuck"] = req
-    dog.current = (time.monotonic(), EXCHANGE, st, [response(req)])
+    dog.current = (EXCHANGE, st, [response(req)])
     dog.start()
     with pytest.raises(CollectiveTimeoutError, match="allreduce of 'stuck'") as info:
         req.handle.wait(timeout=30)

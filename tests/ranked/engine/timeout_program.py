@@ -44,7 +44,7 @@ def freeze_in_exchange(engine: Engine) -> None:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         cur = watchdog.current
-        if cur is not None and cur[1] == EXCHANGE:
+        if cur is not None and cur[0] == EXCHANGE:
             freeze("in the exchange")
             return
         time.sleep(0.0005)
