@@ -36,6 +36,19 @@ class CollectiveError(HpcringError, RuntimeError):
     """A collective failed or its inputs disagree across ranks; raised on every participating rank."""
 
 
+# The status a rank exits with when a collective outlived HPCRING_COLLECTIVE_TIMEOUT (engine/watchdog.py):
+# EX_SOFTWARE, distinct from an uncaught exception's 1, so `hpcring run` and scripts can tell the two apart.
+COLLECTIVE_TIMEOUT_EXIT_STATUS = 70
+
+
+class CollectiveTimeoutError(CollectiveError):
+    """A collective every rank submitted did not complete within HPCRING_COLLECTIVE_TIMEOUT; the watchdog
+    fails the pending requests with it and then ends the process (`exit_status`), since MPI cannot recover.
+    A CollectiveError, so elastic code catching HorovodInternalError catches it too."""
+
+    exit_status = COLLECTIVE_TIMEOUT_EXIT_STATUS
+
+
 class RankFailedError(HpcringError, RuntimeError):
     """Another rank died or raised; carries its number so every survivor can report it."""
 

@@ -206,7 +206,14 @@ VARIABLES: tuple[HorovodVariable, ...] = (
             False,
             "Gloo rendezvous of horovodrun; hpcring's world comes from MPI (mpiexec, srun, jsrun)",
         )
-        for name in ("GLOO_RENDEZVOUS_ADDR", "GLOO_RENDEZVOUS_PORT", "GLOO_TIMEOUT_SECONDS", "SECRET_KEY")
+        for name in ("GLOO_RENDEZVOUS_ADDR", "GLOO_RENDEZVOUS_PORT", "SECRET_KEY")
+    ),
+    _v(
+        "GLOO_TIMEOUT_SECONDS",
+        False,
+        "Gloo's connect and operation timeout in horovodrun's Gloo mode (30 s); hpcring's world comes from "
+        "MPI, and a collective that hangs is bounded by HPCRING_COLLECTIVE_TIMEOUT (hpcring run "
+        "--collective-timeout, 300 s)",
     ),
 )
 

@@ -25,8 +25,11 @@ from hpcring.collective.topology import Topology
 class Lane:
     """One communication stream (CUDA) and what runs on it."""
 
-    def __init__(self, device: Any, carrier: str, topo: Topology, stats: dict[str, int]) -> None:
+    def __init__(
+        self, device: Any, carrier: str, topo: Topology, stats: dict[str, int], timeout_s: float = 0.0
+    ) -> None:
         torch = _deps.torch()
+        self._timeout_s = timeout_s  # HPCRING_COLLECTIVE_TIMEOUT, handed to the process groups
         self.device = device
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self._carrier = carrier
@@ -43,7 +46,7 @@ class Lane:
         if found is None:
             comm = {"world": self._topo.comm, "local": self._topo.local_comm, "cross": self._topo.cross_comm}
             eager = self.device if self._carrier == "nccl" else None
-            found = self._groups[which] = TorchTransport(comm[which], self._carrier, eager)
+            found = self._groups[which] = TorchTransport(comm[which], self._carrier, eager, self._timeout_s)
             key = f"groups_{which}"
             self._stats[key] = self._stats.get(key, 0) + 1
         return found

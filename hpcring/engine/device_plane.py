@@ -115,7 +115,8 @@ class SetPlane:
         self.device_type, self.carrier = route_of(route)
         self.device = rank_device(self.device_type, topo)
         count = max(1, settings.num_streams)
-        self.lanes = [Lane(self.device, self.carrier, topo, stats) for _ in range(count)]
+        timeout = settings.collective_timeout_s  # torch.distributed's own watchdog bounds the GPU's work
+        self.lanes = [Lane(self.device, self.carrier, topo, stats, timeout) for _ in range(count)]
         self._turn = 0
         # "NCCL inside a node, MPI between nodes" for the ops that have no three-stage form.
         nodes = len(topo.node_sizes)

@@ -26,7 +26,9 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import logging
+import os
 import queue
+import socket
 import threading
 import time
 import weakref
@@ -35,6 +37,7 @@ from typing import Any
 
 from hpcring.collective import kernels
 from hpcring.config import ALGORITHMS, EngineSettings
+from hpcring.contracts.elastic import HOST as ELASTIC_HOST
 from hpcring.engine.bitvector import _NO_ABORT, _NO_SHUTDOWN
 from hpcring.engine.caller_cycles import CallerCycles, wake_deferred
 from hpcring.engine.engine_state import EngineState
@@ -43,9 +46,11 @@ from hpcring.engine.host_plane import HostPlane
 from hpcring.engine.negotiation import Negotiator
 from hpcring.engine.request import Handle, OpType, Request, Signature
 from hpcring.engine.responses import _REQ_SET, _SIG_NAME
+from hpcring.engine.roll_call import RollCall
 from hpcring.engine.set_state import SetState
 from hpcring.engine.settings_check import check_settings_agree
 from hpcring.engine.timeline import Timeline
+from hpcring.engine.watchdog import EXCHANGE, NEGOTIATION, Watchdog
 from hpcring.errors import CollectiveError, ConfigError, choices
 
 log = logging.getLogger("hpcring.engine")
@@ -86,6 +91,10 @@ class Engine:
         chunk = kernels.chunk_bytes(kernels.DEFAULT_CHUNK_BYTES)  # ring pipelining chunk, read once
         shm_slot = kernels.slot_limit()  # largest fused batch through shared memory, read once
         check_settings_agree(world.comm, settings, kernels.wire_settings(chunk, shm_slot))
+        # Every rank's host, gathered now: a collective timeout must name hosts without talking to anyone.
+        # Under the elastic driver, the name it assigned (and blacklists by).
+        hosts = world.comm.allgather(os.environ.get(ELASTIC_HOST) or socket.gethostname())
+        self._watchdog = Watchdog(state, world.rank, hosts, RollCall(self._mpi, world.comm))
         self._negotiator = Negotiator(state, self._mpi)
         self._executor = Executor(state, HostPlane(state, chunk, shm_slot, self._mpi.buffer), self)
         self._caller = CallerCycles(state, self._wake, self._cycle)
@@ -101,6 +110,7 @@ class Engine:
             self.start_timeline(settings.timeline, settings.timeline_mark_cycles)
         self._thread = threading.Thread(target=self._run, name="hpcring-engine", daemon=True)
         self._thread.start()
+        self._watchdog.start()
         atexit.register(_shutdown_at_exit, weakref.ref(self))
 
     # ------------------------------------------------------------------ what callers read
@@ -270,6 +280,7 @@ class Engine:
             log.error("engine thread did not stop within %.0f s (a peer rank may have died)", timeout)
             return
         self.stop_timeline()
+        self._watchdog.close()
         self._executor.close()
         for st in state.sets.values():
             st.topology.free()
@@ -356,6 +367,7 @@ class Engine:
             log.exception("hpcring engine thread failed")
             self._stop_reason = f"engine thread failed: {exc!r}"
         finally:
+            self._watchdog.stop()
             with self._state.lock:
                 self._stopped = True
                 sets = list(self._state.sets.values())
@@ -397,14 +409,22 @@ class Engine:
 
     def _cycle(self) -> bool:
         """One negotiation cycle over every set this rank is in; True when the engine must stop."""
+        try:
+            return self._cycle_sets()
+        finally:
+            self._watchdog.current = None  # waiting on no peer until the next cycle
+
+    def _cycle_sets(self) -> bool:
         state = self._state
         self._cycle_no += 1
         state.stats["cycles"] += 1
         timeline = state.timeline
+        watchdog = self._watchdog
         for set_id in sorted(state.sets):
             st = state.sets.get(set_id)
             if st is None:  # removed earlier in this cycle
                 continue
+            watchdog.current = (NEGOTIATION, st, None)
             responses, flags = self._negotiator.negotiate(st, timeline)
             if set_id == 0 and not flags & _NO_SHUTDOWN:
                 if self._stop_reason is None:
@@ -413,6 +433,7 @@ class Engine:
             if not flags & _NO_ABORT:
                 self._abort_stalled(st)
             if responses:
+                watchdog.current = (EXCHANGE, st, responses)
                 if timeline is not None:
                     timeline.cycle(self._cycle_no)
                 self._executor.execute(st, responses, timeline)

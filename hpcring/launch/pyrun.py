@@ -56,6 +56,13 @@ def _status(code: object) -> int:
     return 1
 
 
+def _exception_status(exc: BaseException) -> int:
+    """1, or the status an hpcring error asks for (a collective timeout's own, so the launcher and scripts
+    see the same status whether the watchdog or the uncaught error ends the rank first)."""
+    status = getattr(exc, "exit_status", None)
+    return status if isinstance(status, int) and 0 < status < 256 else 1
+
+
 def _launcher_frame(tb: types.TracebackType) -> bool:
     frame = tb.tb_frame
     return frame.f_code.co_filename == __file__ or frame.f_globals.get("__name__") in _LAUNCHER_MODULES
@@ -69,7 +76,8 @@ def user_traceback(tb: types.TracebackType | None) -> types.TracebackType | None
 
 
 def _fail(exc: BaseException, fd: int | None) -> int:
-    """Print the exception as Python would, without the launcher's frames, and report it; returns 1."""
+    """Print the exception as Python would, without the launcher's frames, and report it; returns the
+    status to exit with."""
     seen: set[int] = set()
     link: BaseException | None = exc
     while link is not None and id(link) not in seen:  # the exceptions it was raised from or during, too
@@ -79,7 +87,7 @@ def _fail(exc: BaseException, fd: int | None) -> int:
     tb = exc.__traceback__
     report.send(fd, report.of_exception(exc, tb))
     sys.excepthook(type(exc), exc, tb)
-    return 1
+    return _exception_status(exc)
 
 
 def run(args: Sequence[str]) -> None:

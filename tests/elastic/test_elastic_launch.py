@@ -20,6 +20,8 @@ import pytest
 import torch
 from support import ROOT
 
+from hpcring.contracts import elastic as contract
+
 PROGRAM = str(Path(__file__).with_name("train_program.py"))
 BROKEN = str(Path(__file__).with_name("broken_program.py"))
 WORLD = re.compile(
@@ -131,6 +133,32 @@ def test_a_killed_rank_shrinks_the_world_and_training_matches_the_same_schedule(
     assert got.keys() == want.keys()
     for name in want:
         assert torch.equal(got[name], want[name]), name
+
+
+def test_a_frozen_rank_times_out_and_the_world_is_relaunched_from_the_last_commit(tmp_path: Path) -> None:
+    """SIGSTOP of rank 1 after step 5 (last commit: step 4): rank 0's collective times out
+    (HPCRING_COLLECTIVE_TIMEOUT=3), it names rank 1 and its host and exits with the reset status, the driver
+    ends the frozen rank and relaunches the same hosts from step 4 (no host is blacklisted: a survivor cannot
+    prove which one is at fault), and training finishes."""
+    final = tmp_path / "frozen.pt"
+    res = launch(
+        ["-H", hosts(2), "--min-np", "2", "--reset-limit", "1"],
+        ["--kill-rank", "1", "--kill-step", "5", "--freeze", "--out", str(final)],
+        env={"HPCRING_COLLECTIVE_TIMEOUT": "3"},
+    )
+    out, err = res.stdout, res.stderr
+    assert res.returncode == 0, err[-3000:]
+    worlds = {(int(g), int(s), int(step)) for _, g, s, step, _, _ in matches(WORLD, out)}
+    assert worlds == {(0, 2, 0), (1, 2, 4)}, worlds
+    timeout_lines = [line for line in err.splitlines() if "hpcring: collective timeout on rank 0" in line]
+    assert timeout_lines, err[-3000:]
+    assert "(host 127.0.0.1)" in timeout_lines[0]
+    assert "Not heard from: rank(s) 1 (host 127.0.0.2)" in timeout_lines[0], timeout_lines[0]
+    assert f"exit status {contract.RESET_EXIT_CODE}" in timeout_lines[0]
+    assert "blacklisted" not in err
+    ends = matches(END, out)
+    assert len(ends) == 2 and len({e[4] for e in ends}) == 1
+    no_orphans(str(final))
 
 
 def test_discovery_adds_a_host_and_the_new_worker_gets_the_state(tmp_path: Path) -> None:

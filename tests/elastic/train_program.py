@@ -22,6 +22,7 @@ parser.add_argument("--kill-step", type=int, default=-1, help="... after this st
 parser.add_argument("--kill-worlds", default="0", help="comma-separated generations in which to kill")
 parser.add_argument("--raise-rank", type=int, default=-1, help="this rank raises RuntimeError ...")
 parser.add_argument("--raise-steps", default="", help="... after step S of world G, for each G:S listed")
+parser.add_argument("--freeze", action="store_true", help="SIGSTOP instead of SIGKILL: the rank hangs")
 parser.add_argument("--grow-file", default="", help="at --grow-step rank 0 appends --grow-host to this file")
 parser.add_argument("--grow-step", type=int, default=-1)
 parser.add_argument("--grow-host", default="")
@@ -63,7 +64,7 @@ def on_step(state: hvd.elastic.TorchState) -> None:
     print(f"STEP {state.step} size={hvd.size()} t={time.time():.3f}", flush=True)
     if hvd.rank() == args.kill_rank and state.step == args.kill_step and generation in kill_worlds:
         print(f"KILL rank={hvd.rank()} step={state.step} t={time.time():.3f}", flush=True)
-        os.kill(os.getpid(), signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGSTOP if args.freeze else signal.SIGKILL)
     if hvd.rank() == args.raise_rank and raise_steps.get(generation) == state.step:
         raise RuntimeError(f"rank {hvd.rank()} fails in world {generation}")  # this host's fault, say
     if state.step == args.grow_step and hvd.rank() == 0 and generation == 0 and args.grow_file:

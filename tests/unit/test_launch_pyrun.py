@@ -119,6 +119,16 @@ def test_the_runner_reports_how_the_rank_failed(tmp_path: Path) -> None:
     assert (status, got) == (0, {})
 
 
+def test_an_uncaught_collective_timeout_keeps_its_status() -> None:
+    """With MPI initialised, an uncaught error exits at once with 1, or with the status a collective timeout
+    asks for (the same one the watchdog would use), so `hpcring run` sees 70 either way."""
+    code = "from mpi4py import MPI; from hpcring.errors import {0}; raise {0}('stuck')"
+    got = run(*RUN, "-c", code.format("CollectiveTimeoutError"))
+    assert got.returncode == 70 and "CollectiveTimeoutError: stuck" in got.stderr, got.stderr
+    got = run(*RUN, "-c", code.format("CollectiveError"))
+    assert got.returncode == 1 and "CollectiveError: stuck" in got.stderr, got.stderr
+
+
 @pytest.mark.parametrize(
     ("cmd", "expected"),
     [

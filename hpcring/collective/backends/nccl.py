@@ -36,6 +36,12 @@ NDArray = np.ndarray[Any, Any]
 _TIMEOUT = datetime.timedelta(seconds=int(os.environ.get("HPCRING_NCCL_TIMEOUT_S", "600")))
 
 
+def group_timeout(seconds: float | None) -> datetime.timedelta:
+    """A process group's timeout: `seconds` when > 0 (the engine passes HPCRING_COLLECTIVE_TIMEOUT), else
+    HPCRING_NCCL_TIMEOUT_S or 600 s (torch's NCCL default: a timeout turned off in hpcring stays bounded)."""
+    return datetime.timedelta(seconds=seconds) if seconds else _TIMEOUT
+
+
 class _Done:
     """A completed request (for transfers that finished synchronously)."""
 
@@ -101,12 +107,17 @@ def _rendezvous(comm: Any) -> Any:
 class TorchTransport(OverCommunicator):
     """A Transport over a torch.distributed process group ("nccl" for CUDA tensors, "gloo" for CPU).
 
+    `timeout_s`: the group's own collective timeout (`group_timeout`); torch's watchdog enforces it on work
+    that runs on CUDA streams, where the engine thread does not wait.
+
     Collective over `comm`: every rank of it constructs its transport at the same point. `device` (NCCL
     only): this rank's CUDA device; given, the NCCL communicator is created now (eagerly, while every rank is
     here) instead of at the first collective.
     """
 
-    def __init__(self, comm: Any, backend: str = "nccl", device: Any = None) -> None:
+    def __init__(
+        self, comm: Any, backend: str = "nccl", device: Any = None, timeout_s: float | None = None
+    ) -> None:
         dist = _deps.require("torch.distributed")
         super().__init__(comm)
         self.backend = backend
@@ -117,10 +128,11 @@ class TorchTransport(OverCommunicator):
                 "NCCL", "a CUDA build of torch (pip install torch==2.13.0 from the CUDA index)"
             )
         store = _rendezvous(comm)
+        timeout = group_timeout(timeout_s)
         if backend == "nccl":
-            self.pg = _nccl_group(dist, store, self._rank, self._size, device)
+            self.pg = _nccl_group(dist, store, self._rank, self._size, device, timeout)
         else:
-            self.pg = dist.ProcessGroupGloo(store, self._rank, self._size, _TIMEOUT)
+            self.pg = dist.ProcessGroupGloo(store, self._rank, self._size, timeout)
 
     def isend(self, buf: NDArray, dest: int, tag: int) -> _Work:
         return _Work(self.pg.send([_tensor(buf)], dest, tag))
@@ -243,11 +255,11 @@ class TorchTransport(OverCommunicator):
             shutdown()
 
 
-def _nccl_group(dist: Any, store: Any, rank: int, size: int, device: Any) -> Any:
-    """ProcessGroupNCCL with our timeout, connected eagerly on `device` when one is given (as
-    torch.distributed's own factory builds it)."""
+def _nccl_group(dist: Any, store: Any, rank: int, size: int, device: Any, timeout: datetime.timedelta) -> Any:
+    """ProcessGroupNCCL with our timeout (its own watchdog aborts a collective that outlives it), connected
+    eagerly on `device` when one is given (as torch.distributed's own factory builds it)."""
     opts = dist.ProcessGroupNCCL.Options()
-    opts._timeout = _TIMEOUT
+    opts._timeout = timeout
     pg = dist.ProcessGroupNCCL(store, rank, size, opts)
     if device is not None and hasattr(pg, "eager_connect_single_device"):
         pg.eager_connect_single_device(device)

@@ -51,6 +51,24 @@ def test_the_route_taken(hvd: ModuleType) -> None:
     assert after["hierarchical"] == before["hierarchical"] + (1 if hierarchical_forced() else 0)
 
 
+def test_process_groups_take_the_collective_timeout(hvd: ModuleType) -> None:
+    """Work queued on a device's streams is bounded by torch.distributed's own watchdog: every process group
+    the device plane built has HPCRING_COLLECTIVE_TIMEOUT as its timeout (the MPI route builds none)."""
+    from hpcring.torch import basics
+
+    hvd.allreduce(torch.ones(4, device=DEVICE), name="timeout.probe")
+    engine = basics.engine()
+    planes = [sp for by_route in engine.device_plane._sets.values() for sp in by_route.values()]
+    groups = [g for sp in planes for lane in sp.lanes for g in lane._groups.values()]
+    if ROUTE.endswith("+mpi"):
+        assert not groups
+        return
+    assert groups
+    want = engine.settings.collective_timeout_s
+    assert want == 300.0  # the default: the launches do not set it
+    assert all(g.pg.options._timeout.total_seconds() == want for g in groups)
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("op", OPS)
 def test_ops_and_dtypes(hvd: ModuleType, op: str, dtype: torch.dtype) -> None:
