@@ -24,6 +24,11 @@ GO = b"G"  # json: override (env to set), defaults (env to set when absent)
 TERMINATE = b"T"  # json: reason
 NOTIFY = b"N"  # json: path, notice (elastic host update: the wrapper writes it to its node's file)
 
+# The job's secret reaches the wrappers in their environment, never on a command line (`ps` shows those to
+# every user of a node); the MPI launchers forward it by name (Open MPI `-x NAME`; hydra forwards its whole
+# environment).
+TOKEN_VARIABLE = "HPCRING_JOB_TOKEN"
+
 _HEADER = struct.Struct(">cI")
 MAX_FRAME = 64 << 20
 

@@ -217,7 +217,6 @@ def _environment(go: dict[str, Any]) -> dict[str, str]:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hpcring.launch.rankwrap", description=__doc__)
     parser.add_argument("--control", required=True, help="launcher address(es) HOST:PORT[,HOST:PORT]")
-    parser.add_argument("--token", required=True, help="job secret that the launcher checks")
     parser.add_argument("--fail-fast", action="store_true", help="run Python commands under hpcring's pyrun")
     parser.add_argument("cmd", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
@@ -226,12 +225,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("no command given after --")
     if args.fail_fast:
         cmd = fail_fast_command(cmd)
+    # The job's secret: from the environment (never argv), and not passed on to the rank's command.
+    token = os.environ.pop(protocol.TOKEN_VARIABLE, "")
+    if not token:
+        print(
+            f"hpcring rankwrap: no job token in {protocol.TOKEN_VARIABLE}: the MPI launcher did not forward "
+            "the launcher's environment to this host",
+            file=sys.stderr,
+        )
+        return 1
     # The MPI launcher's own variables, not HPCRING_* (which a nested launch may have inherited).
     rank, size = mpi_rank_size(os.environ) or (0, 1)
     sock = _connect(args.control.split(","), time.monotonic() + CONNECT_TIMEOUT_S)
     rank = rank or 0
     hello = {
-        "token": args.token,
+        "token": token,
         "rank": rank,
         "size": size,
         "host": socket.gethostname(),

@@ -32,7 +32,9 @@ from hpcring.launch.layout import emulated_nodes, node_of_hosts, places
 
 ABORT_GRACE_S = 6.0  # after telling survivors to stop, before killing mpiexec's process group
 _FORWARD_SKIP_PREFIXES = ("OMPI_", "PMIX_", "PRTE_", "PMI_", "HYDRA_", "MPIR_", "MPI_LOCAL", "SLURM_", "LSB_")
-_FORWARD_SKIP = frozenset({"PWD", "OLDPWD", "SHLVL", "_", "HOSTNAME", "TERM", "DISPLAY", "SSH_CONNECTION"})
+_FORWARD_SKIP = frozenset(
+    {"PWD", "OLDPWD", "SHLVL", "_", "HOSTNAME", "TERM", "DISPLAY", "SSH_CONNECTION", protocol.TOKEN_VARIABLE}
+)
 
 
 def describe_end(code: int | None, sig: int | None) -> str:
@@ -436,8 +438,6 @@ class Supervisor:
             "hpcring.launch.rankwrap",
             "--control",
             ",".join(addresses),
-            "--token",
-            self.token,
             *(["--fail-fast"] if self.spec.fail_fast else []),
             "--",
             *self.spec.command,
@@ -448,6 +448,7 @@ class Supervisor:
         server.setblocking(False)
         self.sel.register(server, selectors.EVENT_READ, None)
         argv, env = build(self.install, self.spec, self.wrapper_argv(addresses), self.base_env)
+        env[protocol.TOKEN_VARIABLE] = self.token  # never argv: see protocol.TOKEN_VARIABLE
         if on_start:
             on_start(argv)
         previous = {
