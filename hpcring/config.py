@@ -27,6 +27,8 @@ DEFAULT_CYCLE_TIME_MS = 1.0
 DEFAULT_BUCKET_CAP_MB = 25.0  # DistributedOptimizer's gradient buckets: DDP's bucket_cap_mb default
 DEFAULT_CACHE_CAPACITY = 1024
 DEFAULT_STALL_CHECK_S = 60.0
+DEFAULT_COLLECTIVE_TIMEOUT_S = 300.0  # HPCRING_COLLECTIVE_TIMEOUT (engine/watchdog.py); 0 turns it off
+COLLECTIVE_TIMEOUT_VAR = "HPCRING_COLLECTIVE_TIMEOUT"
 
 _SIZE_SUFFIX = {
     "": 1,
@@ -57,6 +59,8 @@ class EngineSettings:
     stall_check_time_s: float = DEFAULT_STALL_CHECK_S
     stall_shutdown_time_s: float = 0.0  # 0: never shut down on a stall
     stall_check_disable: bool = False
+    # Seconds a started exchange (or negotiation round) may block before the watchdog ends the rank; 0: off.
+    collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S
     allreduce_algorithm: str = "auto"
     log_level: str = "warning"
     # The device data plane (hpcring/engine/device_plane.py, docs/engine.md "GPU tensors"):
@@ -134,6 +138,25 @@ def parse_choice(var: str, text: str, allowed: tuple[str, ...]) -> str:
     return low
 
 
+def parse_timeout(what: str, text: str) -> float:
+    """A collective timeout in seconds: a number > 0, or 0 for no timeout; ConfigError naming `what` (the
+    variable or flag) and what is allowed otherwise."""
+    allowed = "allowed: a number of seconds > 0 (e.g. 300 or 2.5), or 0 to turn the timeout off"
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigError(f"{what}={text!r} is not a number; {allowed}") from None
+    if not (value >= 0 and value != float("inf")):  # also refuses NaN
+        raise ConfigError(f"{what}={text!r} is out of range; {allowed}")
+    return value
+
+
+def _collective_timeout(env: Mapping[str, str]) -> float:
+    """HPCRING_COLLECTIVE_TIMEOUT (hpcring's own: Horovod has no such bound); unset or empty: the default."""
+    text = env.get(COLLECTIVE_TIMEOUT_VAR, "").strip()
+    return parse_timeout(COLLECTIVE_TIMEOUT_VAR, text) if text else DEFAULT_COLLECTIVE_TIMEOUT_S
+
+
 def _algorithm(env: Mapping[str, str]) -> str:
     found = lookup(env, "ALLREDUCE_ALGORITHM")
     if found:
@@ -188,6 +211,7 @@ def engine_settings(env: Mapping[str, str] | None = None) -> EngineSettings:
         stall_check_time_s=stall,
         stall_shutdown_time_s=shutdown,
         stall_check_disable=disable,
+        collective_timeout_s=_collective_timeout(env),
         allreduce_algorithm=_algorithm(env),
         log_level=_log_level(env),
         cpu_device_plane=_own_choice(env, "HPCRING_CPU_DEVICE_PLANE", CPU_DEVICE_PLANES, "off"),

@@ -14,7 +14,13 @@ from typing import TYPE_CHECKING
 
 from hpcring.cli import horovodrun_flags
 from hpcring.cli.flag_values import env, env_flag, number
-from hpcring.config import ALGORITHMS, TIMELINE_DYNAMIC
+from hpcring.config import (
+    ALGORITHMS,
+    COLLECTIVE_TIMEOUT_VAR,
+    DEFAULT_COLLECTIVE_TIMEOUT_S,
+    TIMELINE_DYNAMIC,
+    parse_timeout,
+)
 from hpcring.errors import ConfigError, choices
 from hpcring.launch.command import LaunchSpec, build
 from hpcring.launch.hosts import parse_host_list, parse_hostfile
@@ -100,6 +106,12 @@ def register(parser: argparse.ArgumentParser) -> None:
     )
     eng.add_argument("--no-stall-check", action="store_true", help="HPCRING_STALL_CHECK_DISABLE=1")
     eng.add_argument(
+        "--collective-timeout",
+        metavar="SECONDS",
+        help=f"end the job when a collective every rank submitted has not completed in SECONDS; 0: never "
+        f"({COLLECTIVE_TIMEOUT_VAR}; default {DEFAULT_COLLECTIVE_TIMEOUT_S:g})",
+    )
+    eng.add_argument(
         "--allreduce-algorithm", metavar="ALG", help=f"HPCRING_ALLREDUCE_ALGORITHM: {ALGORITHMS}"
     )
     eng.add_argument("--log-level", metavar="LEVEL", help=f"HPCRING_LOG_LEVEL: {LOG_LEVELS}")
@@ -139,6 +151,8 @@ def engine_settings(args: argparse.Namespace) -> dict[str, str]:
             out[var] = f"{number(float, getattr(args, attr), flag, minimum=0):g}"
     if args.no_stall_check:
         out["HPCRING_STALL_CHECK_DISABLE"] = "1"
+    if args.collective_timeout is not None or env(COLLECTIVE_TIMEOUT_VAR) is not None:
+        out[COLLECTIVE_TIMEOUT_VAR] = f"{collective_timeout(args):g}"
     if args.allreduce_algorithm is not None:
         if args.allreduce_algorithm not in ALGORITHMS:
             raise ConfigError(
@@ -150,6 +164,15 @@ def engine_settings(args: argparse.Namespace) -> dict[str, str]:
             raise ConfigError(f"--log-level {args.log_level!r}; allowed: {choices(LOG_LEVELS)}")
         out["HPCRING_LOG_LEVEL"] = args.log_level.lower()
     return out
+
+
+def collective_timeout(args: argparse.Namespace) -> float:
+    """Seconds of `--collective-timeout`, else of HPCRING_COLLECTIVE_TIMEOUT, else the default (0: off);
+    a bad value is a ConfigError naming the flag or the variable it came from, before anything starts."""
+    if args.collective_timeout is not None:
+        return parse_timeout("--collective-timeout", str(args.collective_timeout))
+    raw = env(COLLECTIVE_TIMEOUT_VAR)
+    return parse_timeout(COLLECTIVE_TIMEOUT_VAR, raw) if raw is not None else DEFAULT_COLLECTIVE_TIMEOUT_S
 
 
 def _yield(text: str) -> bool | None:
