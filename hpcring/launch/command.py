@@ -100,8 +100,6 @@ def build(
     env = dict(base_env)
     if install.flavour == "openmpi":
         argv = [install.mpiexec, "-n", str(spec.np), "--bind-to", "none"]
-        # By name: prterun reads the value from its environment and sends it inside its launch message.
-        argv += ["-x", TOKEN_VARIABLE]
         argv += ["--map-by", "slot:OVERSUBSCRIBE" if oversubscribe else "slot"]
         if spec.hosts:
             argv += ["--host", ",".join(h.spec() for h in spec.hosts)]
@@ -113,6 +111,8 @@ def build(
         if spec.rsh_agent:
             # Open MPI 5's PRRTE reads PRTE_MCA_plm_ssh_agent; it ignores OMPI_MCA_plm_rsh_agent.
             env["PRTE_MCA_plm_ssh_agent"] = spec.rsh_agent
+        # By name: prterun reads the value from its environment and sends it inside its launch message.
+        argv += ["-x", TOKEN_VARIABLE]
     else:
         # Hydra hands its whole environment (the job's token with it) to its proxies over their control
         # sockets; -genvlist would narrow that to the list, so nothing is added here.
