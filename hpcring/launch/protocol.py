@@ -18,7 +18,11 @@ HELLO = b"H"  # json: rank, size, host, pid, token
 STARTED = b"S"  # json: pid of the user command
 STDOUT = b"O"  # raw bytes
 STDERR = b"E"  # raw bytes
-EXITED = b"X"  # json: code (int | None), signal (int | None), ended_by_launcher (bool)
+EXITED = (
+    b"X"  # json: code (int | None), signal (int | None), ended_by_launcher (bool), reason (str, optional)
+)
+# both ways: "still here" (any frame counts as a sign of life; liveness.py)
+HEARTBEAT = b"B"
 # launcher -> wrapper
 GO = b"G"  # json: override (env to set), defaults (env to set when absent)
 TERMINATE = b"T"  # json: reason

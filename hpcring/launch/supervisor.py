@@ -3,7 +3,9 @@
 One thread, one selector: the control socket accepts the wrappers, their frames carry output and exit reports,
 and a periodic tick watches mpiexec and the deadlines. The first rank that fails decides the exit code; every
 other rank is then told to stop (SIGTERM, then SIGKILL after the wrapper's grace), and mpiexec is killed if it
-lingers, so the whole job ends within ~10 s of a failure.
+lingers, so the whole job ends within ~10 s of a failure. Heartbeats flow both ways on every connection; a
+node silent for the silence timeout (`liveness`) is named and counts as failed, so a partitioned or frozen
+node ends the job in bounded time instead of hanging it.
 """
 
 from __future__ import annotations
@@ -25,12 +27,14 @@ from typing import BinaryIO
 from hpcring.contracts.elastic import RESET_EXIT_CODE
 from hpcring.contracts.rank_env import RANK_VARIABLES, rank_environment
 from hpcring.errors import LaunchError
-from hpcring.launch import protocol
+from hpcring.launch import liveness, protocol
 from hpcring.launch.command import LaunchSpec, build
 from hpcring.launch.flavour import MpiInstall
 from hpcring.launch.layout import emulated_nodes, node_of_hosts, places
 
 ABORT_GRACE_S = 6.0  # after telling survivors to stop, before killing mpiexec's process group
+SIGNAL_GRACE_S = 2.0  # the same when a signal ends the job: its sender (a batch system) waits only seconds
+KILL_GRACE_S = 2.0  # mpiexec's group: SIGTERM, then SIGKILL after this (it may wait on unreachable nodes)
 _FORWARD_SKIP_PREFIXES = ("OMPI_", "PMIX_", "PRTE_", "PMI_", "HYDRA_", "MPIR_", "MPI_LOCAL", "SLURM_", "LSB_")
 _FORWARD_SKIP = frozenset(
     {"PWD", "OLDPWD", "SHLVL", "_", "HOSTNAME", "TERM", "DISPLAY", "SSH_CONNECTION", protocol.TOKEN_VARIABLE}
@@ -169,6 +173,8 @@ class Conn:
     host: str = ""
     partial: dict[bytes, bytes] = field(default_factory=dict)
     exited: bool = False
+    heard: float = field(default_factory=time.monotonic)  # when anything last arrived from the wrapper
+    outbox: bytearray = field(default_factory=bytearray)  # control frames the socket has not taken yet
 
 
 class Supervisor:
@@ -205,6 +211,9 @@ class Supervisor:
         self.abort_at: float | None = None
         self.mpiexec: subprocess.Popen[bytes] | None = None
         self.master_port = free_port()
+        self.silence_s = liveness.silence_timeout(spec.settings, self.base_env)  # 0: never
+        self.beat_at = 0.0
+        self.lost: dict[str, list[int]] = {}  # host -> ranks of the nodes not heard from
 
     # ---- output -------------------------------------------------------------------------------------------
     def _note(self, text: str) -> None:
@@ -251,22 +260,68 @@ class Supervisor:
             self._note(f"rank {rank} {how}; ending the other ranks")
             self._abort()
 
-    def _abort(self) -> None:
+    def _abort(self, grace: float = ABORT_GRACE_S) -> None:
         """Tell every running wrapper to end its command; mpiexec is killed if it lingers past the grace."""
         if self.abort_at is not None:
             return
-        self.abort_at = time.monotonic() + ABORT_GRACE_S
+        self.abort_at = time.monotonic() + grace
         for conn in self.conns.values():
             if not conn.exited:
-                with contextlib.suppress(OSError):
-                    conn.sock.sendall(protocol.json_frame(protocol.TERMINATE, {"reason": "job aborted"}))
+                self._send(conn, protocol.json_frame(protocol.TERMINATE, {"reason": "job aborted"}))
 
     def notify(self, message: Mapping[str, object]) -> None:
         """Send every running wrapper an elastic host-update notice (it writes it to its node's file)."""
         for conn in self.conns.values():
             if not conn.exited:
-                with contextlib.suppress(OSError):
-                    conn.sock.sendall(protocol.json_frame(protocol.NOTIFY, dict(message)))
+                self._send(conn, protocol.json_frame(protocol.NOTIFY, dict(message)))
+
+    def _send(self, conn: Conn, data: bytes) -> None:
+        """Queue a frame and send what the socket takes now: never blocks (a wrapper on an unreachable node
+        stops taking bytes, and the loop must go on), never sends half a frame and then another."""
+        conn.outbox += data
+        try:
+            sent = conn.sock.send(conn.outbox)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            conn.outbox.clear()
+            return
+        del conn.outbox[:sent]
+
+    def _liveness(self, now: float) -> None:
+        """Heartbeat every wrapper (and flush what they have not taken); name nodes silent for too long."""
+        for conn in self.conns.values():
+            if conn.outbox and not conn.exited:
+                self._send(conn, b"")
+        if now < self.beat_at:
+            return
+        self.beat_at = now + liveness.heartbeat_interval(self.silence_s)
+        live = [c for c in self.conns.values() if not c.exited]
+        for conn in live:
+            self._send(conn, protocol.frame(protocol.HEARTBEAT, b""))
+        silent = [c for c in live if self.silence_s and now - c.heard > self.silence_s]
+        if silent:
+            self._lose(silent)
+
+    def _lose(self, silent: list[Conn], for_s: float | None = None) -> None:
+        """Nodes not heard from: their ranks count as failed (elastic: their hosts are blacklisted)."""
+        lost: dict[str, list[int]] = {}
+        for conn in silent:
+            assert conn.rank is not None
+            conn.exited = True  # nothing more will come; do not wait for it
+            lost.setdefault(conn.host, []).append(conn.rank)
+            self.lost.setdefault(conn.host, []).append(conn.rank)
+            with contextlib.suppress(KeyError, ValueError):
+                self.sel.unregister(conn.sock)
+            conn.sock.close()
+        text = liveness.lost_nodes_text(lost, self.silence_s if for_s is None else round(for_s))
+        if self.failure is None and self.interrupted is None and self.abort_at is None:
+            first = min(r for ranks in lost.values() for r in ranks)
+            self.failure = (first, f"is on {text}", 1)
+            self._note(f"{text}; ending the other ranks")
+            self._abort()
+        else:
+            self._note(text)
 
     def _reset(self, rank: int) -> None:
         """A rank saved its state and left for an elastic relaunch: end the others (commits are safe)."""
@@ -286,7 +341,7 @@ class Supervisor:
         if self.interrupted is None:
             self.interrupted = signum
             self._note(f"received {signal.Signals(signum).name}; ending all ranks")
-            self._abort()
+            self._abort(SIGNAL_GRACE_S)
 
     # ---- control socket -----------------------------------------------------------------------------------
     def _listen(self) -> tuple[socket.socket, list[str]]:
@@ -319,6 +374,7 @@ class Supervisor:
         if not data:
             self._closed(conn)
             return
+        conn.heard = time.monotonic()
         try:
             for kind, payload in conn.reader.feed(data):
                 self._frame(conn, kind, payload)
@@ -378,12 +434,10 @@ class Supervisor:
             )
             if self.rank_env is not None:
                 override.update(self.rank_env(place.rank))
-            with contextlib.suppress(OSError):
-                self.conns[place.rank].sock.setblocking(True)
-                self.conns[place.rank].sock.sendall(
-                    protocol.json_frame(protocol.GO, {"override": override, "defaults": defaults})
-                )
-                self.conns[place.rank].sock.setblocking(False)
+            self._send(
+                self.conns[place.rank],
+                protocol.json_frame(protocol.GO, {"override": override, "defaults": defaults}),
+            )
         self.started = True
 
     def _exited(self, conn: Conn, report: dict[str, object]) -> None:
@@ -402,7 +456,9 @@ class Supervisor:
             return
         if sig_i is not None or code_i != 0:
             assert conn.rank is not None
-            self._fail(conn.rank, describe_end(code_i, sig_i), exit_status(code_i, sig_i))
+            reason = report.get("reason")  # the wrapper ended it (a rank stopped for too long)
+            how = f"on {conn.host} {reason}" if isinstance(reason, str) else describe_end(code_i, sig_i)
+            self._fail(conn.rank, how, exit_status(code_i, sig_i))
 
     def _relay(self, key: selectors.SelectorKey) -> None:
         out: MpiOutput = key.data
@@ -438,6 +494,7 @@ class Supervisor:
             "hpcring.launch.rankwrap",
             "--control",
             ",".join(addresses),
+            *(["--silence-timeout", f"{self.silence_s:g}"] if self.silence_s else []),
             *(["--fail-fast"] if self.spec.fail_fast else []),
             "--",
             *self.spec.command,
@@ -499,6 +556,7 @@ class Supervisor:
             if self.on_tick is not None:
                 self.on_tick(self)
             now = time.monotonic()
+            self._liveness(now)
             if not self.started and now > start_deadline and self.abort_at is None:
                 self._note(
                     f"only {len(self.conns)} of {self.spec.np} ranks started within "
@@ -509,7 +567,7 @@ class Supervisor:
             if self.abort_at is not None and now > self.abort_at and not killed:
                 self._kill_mpiexec(signal.SIGTERM)
                 killed = True
-                self.abort_at = now + 2.0
+                self.abort_at = now + KILL_GRACE_S
             elif killed and self.abort_at is not None and now > self.abort_at:
                 self._kill_mpiexec(signal.SIGKILL)
             if mpiexec_done_at is None and self.mpiexec.poll() is not None:
@@ -519,13 +577,27 @@ class Supervisor:
             for key in list(self.sel.get_map().values()):
                 if isinstance(key.data, MpiOutput):
                     key.data.tick()
-            # Done when mpiexec has exited, every wrapper has reported, its output is drained (or 3 s later).
-            if mpiexec_done_at is not None and (not live or now - mpiexec_done_at > 3.0):
+            # Done when mpiexec has exited, every wrapper has reported, its output is drained (or 3 s later;
+            # 1 s when a signal ends the job, whose sender waits only seconds before its SIGKILL).
+            drain = 1.0 if self.interrupted is not None else 3.0
+            if mpiexec_done_at is not None and (not live or now - mpiexec_done_at > drain):
                 break
         for key in list(self.sel.get_map().values()):
             if isinstance(key.data, MpiOutput):  # a daemon still holds the pipe: flush what we have
                 key.data.feed(b"", final=True)
+        self._silent_at_the_end(time.monotonic())
         return self._result()
+
+    def _silent_at_the_end(self, now: float) -> None:
+        """Wrappers that never reported and sent nothing for two heartbeats are on lost nodes: name them
+        even when the job ended before the silence timeout (a rank that noticed the lost peer failed first),
+        so the error, and the host an elastic job drops, is the node rather than its victims."""
+        if not self.silence_s:
+            return
+        quiet = 2 * liveness.heartbeat_interval(self.silence_s) + 1.0
+        silent = [c for c in self.conns.values() if not c.exited and now - c.heard > quiet]
+        if silent:
+            self._lose(silent, now - min(c.heard for c in silent))
 
     def _result(self) -> int:
         assert self.mpiexec is not None
