@@ -8,8 +8,14 @@ in one PID namespace (the fake cluster's nodes share it) the job's remote daemon
 from __future__ import annotations
 
 import os
+import re
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
+
+from hpcring.launch.protocol import TOKEN_VARIABLE
+
+WRAPPER = b"hpcring.launch.rankwrap"
 
 
 def cmdlines() -> dict[int, bytes]:
@@ -68,3 +74,29 @@ def describe(pids: list[int]) -> str:
     """`pid: argv` lines for an assertion message."""
     lines = {pid: line.replace(b"\0", b" ").decode(errors="replace") for pid, line in cmdlines().items()}
     return "\n".join(f"{p}: {lines.get(p, '?')}" for p in pids)
+
+
+def is_wrapper(cmdline: bytes) -> bool:
+    """`python -m hpcring.launch.rankwrap ...` (mpiexec's own argv names the module too, further on)."""
+    return cmdline.split(b"\0")[1:3] == [b"-m", WRAPPER]
+
+
+def check_secret(launcher: int, np: int, rank_pids: Sequence[int], marker: str) -> str:
+    """The token of the job run by `launcher` (the `hpcring run` process): in mpiexec's environment and in
+    each of the np wrappers' (found by `marker`, a job-unique word of the ranks' command), in no rank's, and
+    on no process's command line. Returns it."""
+    lines = cmdlines()
+    mpiexec = children(launcher)
+    assert len(mpiexec) == 1, describe(mpiexec)
+    token = environ(mpiexec[0]).get(TOKEN_VARIABLE, "")
+    assert re.fullmatch(r"[0-9a-f]{32}", token), f"no job token in mpiexec's environment: {token!r}"
+    holders = argv_holders(token)
+    assert not holders, "the job's secret is on these command lines:\n" + "\n".join(
+        f"{p}: {line}" for p, line in holders.items()
+    )
+    wrappers = [p for p, line in lines.items() if is_wrapper(line) and marker.encode() in line]
+    assert len(wrappers) == np, describe(wrappers)
+    assert all(environ(w).get(TOKEN_VARIABLE) == token for w in wrappers), "wrappers lack the token"
+    for pid in rank_pids:
+        assert TOKEN_VARIABLE not in environ(pid), f"rank process {pid} inherited the job's secret"
+    return token
