@@ -42,10 +42,20 @@ pytestmark = [
 ]
 
 
+def reap_own_stale() -> None:
+    """Remove the pairs of a session of these tests that was killed before its teardown (its pid is gone)."""
+    listing = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=30, check=False)
+    for line in listing.stdout.splitlines():
+        match = re.match(r"^(hp(\d+)n)fabric\b", line)
+        if match and not Path(f"/proc/{match.group(2)}").exists():
+            cluster_sh("down", prefix=match.group(1))
+
+
 @pytest.fixture
 def nodes() -> Iterator[tuple[str, str]]:
     """Two fresh fake nodes, removed (with anything left running in them) after the test."""
     reap_stale()
+    reap_own_stale()
     up = cluster_sh("up", "2", prefix=PREFIX)
     try:
         assert up.returncode == 0, f"ci/netns-cluster.sh up 2 failed:\n{up.stdout}\n{up.stderr}"
