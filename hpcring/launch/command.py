@@ -2,7 +2,7 @@
 
 Kept free of process handling so tests can inspect exactly what would run. Settings that must reach remote
 daemons go on the command line (Open MPI `--mca`, hydra `-genv`); settings only mpiexec itself reads go in its
-environment.
+environment, and so does the job's secret, which must never appear in any process's argv.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from hpcring.errors import ConfigError
 from hpcring.launch.flavour import MpiInstall
 from hpcring.launch.hosts import Host, check_capacity, is_local
+from hpcring.launch.protocol import TOKEN_VARIABLE
 
 _FLAVOUR_NAMES = {"openmpi": "Open MPI", "mpich": "MPICH"}
 
@@ -113,7 +114,11 @@ def build(
         if spec.rsh_agent:
             # Open MPI 5's PRRTE reads PRTE_MCA_plm_ssh_agent; it ignores OMPI_MCA_plm_rsh_agent.
             env["PRTE_MCA_plm_ssh_agent"] = spec.rsh_agent
+        # By name: prterun reads the value from its environment and sends it inside its launch message.
+        argv += ["-x", TOKEN_VARIABLE]
     else:
+        # Hydra hands its whole environment (the job's token with it) to its proxies over their control
+        # sockets; -genvlist would narrow that to the list, so nothing is added here.
         argv = [install.mpiexec, "-n", str(spec.np)]
         if spec.hosts:
             argv += ["-hosts", ",".join(h.spec() for h in spec.hosts)]

@@ -18,11 +18,18 @@ HELLO = b"H"  # json: rank, size, host, pid, token
 STARTED = b"S"  # json: pid of the user command
 STDOUT = b"O"  # raw bytes
 STDERR = b"E"  # raw bytes
-EXITED = b"X"  # json: code (int | None), signal (int | None), ended_by_launcher (bool), error (report.py)
+EXITED = b"X"  # json: code, signal, ended_by_launcher, error (report.py), reason (str, optional)
+# both ways: "still here" (any frame counts as a sign of life; liveness.py)
+HEARTBEAT = b"B"
 # launcher -> wrapper
 GO = b"G"  # json: override (env to set), defaults (env to set when absent)
 TERMINATE = b"T"  # json: reason
 NOTIFY = b"N"  # json: path, notice (elastic host update: the wrapper writes it to its node's file)
+
+# The job's secret reaches the wrappers in their environment, never on a command line (`ps` shows those to
+# every user of a node); the MPI launchers forward it by name (Open MPI `-x NAME`; hydra forwards its whole
+# environment).
+TOKEN_VARIABLE = "HPCRING_JOB_TOKEN"
 
 _HEADER = struct.Struct(">cI")
 MAX_FRAME = 64 << 20

@@ -4,7 +4,9 @@ It never initialises MPI (the user's program does, inheriting the MPI launcher's
 PMI socket). It tells the launcher its MPI rank and host over the control socket, receives the rank
 environment once every rank has checked in, runs the command in its own process group, streams its output
 back, and reports how it ended. It ends the command when the launcher asks, when it is signalled, or when
-the launcher disappears, so no rank outlives the job.
+the launcher disappears: closes the connection, or falls silent for the silence timeout (a heartbeat flows
+both ways, `liveness`); then it also ends the MPI daemon that started it, so no rank, wrapper or daemon of
+a partitioned node outlives the job.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from hpcring.launch import protocol, report
+from hpcring.launch import liveness, protocol, report
 from hpcring.launch.detection import mpi_rank_size
 from hpcring.launch.target import is_python, own_python, python_target
 
@@ -57,35 +59,58 @@ def _connect(addresses: Sequence[str], deadline: float) -> socket.socket:
         time.sleep(0.5)
 
 
-def _recv_frame(sock: socket.socket, reader: protocol.FrameReader) -> tuple[bytes, bytes]:
-    while True:
-        data = sock.recv(65536)
-        if not data:
-            raise ConnectionError("the hpcring launcher closed the control connection")
-        for item in reader.feed(data):
-            return item
+def _await_go(sock: socket.socket, reader: protocol.FrameReader, silence_s: float) -> tuple[bytes, bytes]:
+    """The launcher's first frame other than a heartbeat (GO, or TERMINATE), heartbeating while waiting;
+    ConnectionError when it closes the connection or is silent for `silence_s` (0: no limit)."""
+    interval = liveness.heartbeat_interval(silence_s)
+    heard = time.monotonic()
+    sel = selectors.DefaultSelector()
+    sel.register(sock, selectors.EVENT_READ)
+    try:
+        while True:
+            sock.sendall(protocol.frame(protocol.HEARTBEAT, b""))
+            if sel.select(timeout=interval):
+                data = sock.recv(65536)
+                if not data:
+                    raise ConnectionError("the hpcring launcher closed the control connection")
+                heard = time.monotonic()
+                for kind, payload in reader.feed(data):
+                    if kind != protocol.HEARTBEAT:
+                        return kind, payload
+            elif silence_s and time.monotonic() - heard > silence_s:
+                raise ConnectionError(f"the hpcring launcher was not heard from for {silence_s:g} s")
+    finally:
+        sel.close()
 
 
 class Wrapper:
     """Runs one rank's command and relays it to the launcher."""
 
-    def __init__(self, sock: socket.socket, reader: protocol.FrameReader, rank: int) -> None:
+    def __init__(
+        self, sock: socket.socket, reader: protocol.FrameReader, rank: int, silence_s: float = 0.0
+    ) -> None:
         self.sock = sock
         self.reader = reader
         self.rank = rank
+        self.silence_s = silence_s  # 0: never give up on a silent launcher or a stopped rank
+        self.interval = liveness.heartbeat_interval(silence_s)
         self.child: subprocess.Popen[bytes] | None = None
         self.ended_by_launcher = False
         self.launcher_gone = False
         self.kill_at: float | None = None
         self.report_pipe: int | None = None  # read end of the runner's failure-report pipe
+        self.heard = self.beat_at = time.monotonic()
+        self.stopped_since: float | None = None
+        self.reason: str | None = None  # why the wrapper itself ended the rank (reported to the launcher)
 
     def send(self, data: bytes) -> None:
         if self.launcher_gone:
             return
         try:
             self.sock.sendall(data)
-        except OSError:
+        except OSError:  # closed, or stuck for the silence timeout (the socket's timeout)
             self.launcher_gone = True
+            self.end_child()
 
     def start(self, cmd: Sequence[str], env: dict[str, str], reports: bool = False) -> None:
         """Start the command; `reports`: it runs under hpcring's pyrun, which reports how it failed."""
@@ -136,6 +161,7 @@ class Wrapper:
         if self.child is None or self.kill_at is not None:
             return
         self._signal_group(signal.SIGTERM)
+        self._signal_group(signal.SIGCONT)  # a stopped rank would keep SIGTERM pending until SIGKILL
         self.kill_at = time.monotonic() + TERM_GRACE_S
 
     def _signal_group(self, sig: signal.Signals) -> None:
@@ -165,6 +191,7 @@ class Wrapper:
                     sel.unregister(key.fileobj)
                     open_pipes -= 1
             now = time.monotonic()
+            self._liveness(now)
             if self.kill_at is not None and now >= self.kill_at:
                 self._signal_group(signal.SIGKILL)
                 self.kill_at = now + 3600
@@ -182,8 +209,36 @@ class Wrapper:
         error = self._error_report()
         if error is not None and code:
             ending["error"] = error
+        if self.reason is not None:
+            ending["reason"] = self.reason
         self.send(protocol.json_frame(protocol.EXITED, ending))
         return status if status >= 0 else 128 - status
+
+    def _liveness(self, now: float) -> None:
+        """Heartbeat to the launcher; end the rank if the launcher fell silent or the rank stays stopped."""
+        if now < self.beat_at:
+            return
+        self.send(protocol.frame(protocol.HEARTBEAT, b""))
+        self.beat_at = now + self.interval
+        if not self.silence_s or self.child is None or self.kill_at is not None:
+            return
+        if not self.launcher_gone and now - self.heard > self.silence_s:
+            self._say(f"the launcher was not heard from for {self.silence_s:g} s; ending the rank")
+            self.launcher_gone = True
+            self.end_child()
+            return
+        stopped = liveness.is_stopped(self.child.pid)
+        self.stopped_since = (self.stopped_since or now) if stopped else None
+        if self.stopped_since is not None and now - self.stopped_since > self.silence_s:
+            self.reason = f"was stopped (SIGSTOP) for {self.silence_s:g} s"
+            self._say(f"the rank {self.reason}; ending it")
+            self.end_child()
+
+    def _say(self, text: str) -> None:
+        """A line on the wrapper's own stderr (the MPI launcher relays it, or the node's log keeps it)."""
+        with contextlib.suppress(OSError):
+            sys.stderr.write(f"hpcring rankwrap: rank {self.rank} on {socket.gethostname()}: {text}\n")
+            sys.stderr.flush()
 
     def _control(self, sel: selectors.BaseSelector) -> None:
         try:
@@ -196,6 +251,7 @@ class Wrapper:
             sel.unregister(self.sock)
             self.end_child()
             return
+        self.heard = time.monotonic()
         for kind, payload in self.reader.feed(data):
             if kind == protocol.TERMINATE:
                 self.ended_by_launcher = True
@@ -239,8 +295,14 @@ def _environment(go: dict[str, Any]) -> dict[str, str]:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hpcring.launch.rankwrap", description=__doc__)
     parser.add_argument("--control", required=True, help="launcher address(es) HOST:PORT[,HOST:PORT]")
-    parser.add_argument("--token", required=True, help="job secret that the launcher checks")
     parser.add_argument("--fail-fast", action="store_true", help="run Python commands under hpcring's pyrun")
+    parser.add_argument(
+        "--silence-timeout",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="end the rank when the launcher is silent, or the rank stopped, for S seconds (0: never)",
+    )
     parser.add_argument("cmd", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
@@ -250,12 +312,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.fail_fast:
         given, cmd = cmd, fail_fast_command(cmd)
         reports = cmd != given
+    # The job's secret: from the environment (never argv), and not passed on to the rank's command.
+    token = os.environ.pop(protocol.TOKEN_VARIABLE, "")
+    if not token:
+        print(
+            f"hpcring rankwrap: no job token in {protocol.TOKEN_VARIABLE}: the MPI launcher did not forward "
+            "the launcher's environment to this host",
+            file=sys.stderr,
+        )
+        return 1
     # The MPI launcher's own variables, not HPCRING_* (which a nested launch may have inherited).
     rank, size = mpi_rank_size(os.environ) or (0, 1)
     sock = _connect(args.control.split(","), time.monotonic() + CONNECT_TIMEOUT_S)
+    sock.settimeout(args.silence_timeout or None)  # a send that cannot progress must not wedge the wrapper
     rank = rank or 0
     hello = {
-        "token": args.token,
+        "token": token,
         "rank": rank,
         "size": size,
         "host": socket.gethostname(),
@@ -263,7 +335,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     protocol.send_json(sock, protocol.HELLO, hello)
     reader = protocol.FrameReader()
-    wrapper = Wrapper(sock, reader, rank)
+    wrapper = Wrapper(sock, reader, rank, args.silence_timeout)
 
     def on_signal(signum: int, _frame: object) -> None:
         # mpiexec (or a user) is ending the job: end the command gracefully, then report.
@@ -272,8 +344,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, on_signal)
     try:
-        kind, payload = _recv_frame(sock, reader)
-    except ConnectionError:
+        kind, payload = _await_go(sock, reader, args.silence_timeout)
+    except OSError as exc:  # ConnectionError included
+        wrapper._say(f"{exc}; not starting the rank")
         return 1
     if kind != protocol.GO:
         return 1  # told to terminate before starting: nothing to run
@@ -285,6 +358,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         wrapper.send(protocol.json_frame(protocol.EXITED, {"code": 127, "signal": None}))
         return 127
     status = wrapper.run()
+    if wrapper.launcher_gone:
+        # Dead-man switch: the launcher cannot end this node's MPI daemon any more; nobody else will.
+        daemon = liveness.end_mpi_parent()
+        if daemon:
+            wrapper._say(f"ended its MPI daemon ({daemon}), which had lost the launcher too")
+        return status
     with contextlib.suppress(OSError):
         sock.shutdown(socket.SHUT_WR)
         # Wait for the launcher to close: it has then read every byte we sent.

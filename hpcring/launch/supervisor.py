@@ -5,6 +5,8 @@ and a periodic tick watches mpiexec and the deadlines. The first rank that fails
 other rank is then told to stop (SIGTERM, then SIGKILL after the wrapper's grace), and mpiexec is killed if it
 lingers, so the whole job ends within ~10 s of a failure. In an elastic world a rank's error before its first
 commit lets the others run on a few seconds first, so the driver can see whether they all fail alike.
+Heartbeats flow both ways on every connection; a node silent for the silence timeout (`liveness`) is named
+and counts as failed, so a partitioned or frozen node ends the job in bounded time instead of hanging it.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from typing import BinaryIO
 from hpcring.contracts.elastic import RESET_EXIT_CODE
 from hpcring.contracts.rank_env import RANK_VARIABLES, rank_environment
 from hpcring.errors import LaunchError
-from hpcring.launch import protocol
+from hpcring.launch import liveness, protocol
 from hpcring.launch.command import LaunchSpec, build
 from hpcring.launch.flavour import MpiInstall
 from hpcring.launch.layout import emulated_nodes, node_of_hosts, places
@@ -34,10 +36,15 @@ from hpcring.launch.report import ErrorReport, RankFailure
 
 ABORT_GRACE_S = 6.0  # after telling survivors to stop, before killing mpiexec's process group
 # Elastic: after a rank fails by an error before committing, how long the others may go on to show whether
-# they fail alike (a broken script) before they are ended (docs/elastic.md, which failures blacklist a host).
+# they fail alike (a broken script) before they are ended (docs/guide/elastic.md, which failures blacklist a
+# host).
 VERDICT_HOLD_S = 5.0
+SIGNAL_GRACE_S = 2.0  # the same when a signal ends the job: its sender (a batch system) waits only seconds
+KILL_GRACE_S = 2.0  # mpiexec's group: SIGTERM, then SIGKILL after this (it may wait on unreachable nodes)
 _FORWARD_SKIP_PREFIXES = ("OMPI_", "PMIX_", "PRTE_", "PMI_", "HYDRA_", "MPIR_", "MPI_LOCAL", "SLURM_", "LSB_")
-_FORWARD_SKIP = frozenset({"PWD", "OLDPWD", "SHLVL", "_", "HOSTNAME", "TERM", "DISPLAY", "SSH_CONNECTION"})
+_FORWARD_SKIP = frozenset(
+    {"PWD", "OLDPWD", "SHLVL", "_", "HOSTNAME", "TERM", "DISPLAY", "SSH_CONNECTION", protocol.TOKEN_VARIABLE}
+)
 
 
 def describe_end(code: int | None, sig: int | None) -> str:
@@ -176,6 +183,8 @@ class Conn:
     host: str = ""
     partial: dict[bytes, bytes] = field(default_factory=dict)
     exited: bool = False
+    heard: float = field(default_factory=time.monotonic)  # when anything last arrived from the wrapper
+    outbox: bytearray = field(default_factory=bytearray)  # control frames the socket has not taken yet
 
 
 class Supervisor:
@@ -217,6 +226,9 @@ class Supervisor:
         self.abort_at: float | None = None
         self.mpiexec: subprocess.Popen[bytes] | None = None
         self.master_port = free_port()
+        self.silence_s = liveness.silence_timeout(spec.settings, self.base_env)  # 0: never
+        self.beat_at = 0.0
+        self.lost: dict[str, list[int]] = {}  # host -> ranks of the nodes not heard from
 
     # ---- output -------------------------------------------------------------------------------------------
     def _note(self, text: str) -> None:
@@ -292,22 +304,68 @@ class Supervisor:
             self._note(f"ending the other ranks ({', '.join(map(str, live))})")
         self._abort()
 
-    def _abort(self) -> None:
+    def _abort(self, grace: float = ABORT_GRACE_S) -> None:
         """Tell every running wrapper to end its command; mpiexec is killed if it lingers past the grace."""
         if self.abort_at is not None:
             return
-        self.abort_at = time.monotonic() + ABORT_GRACE_S
+        self.abort_at = time.monotonic() + grace
         for conn in self.conns.values():
             if not conn.exited:
-                with contextlib.suppress(OSError):
-                    conn.sock.sendall(protocol.json_frame(protocol.TERMINATE, {"reason": "job aborted"}))
+                self._send(conn, protocol.json_frame(protocol.TERMINATE, {"reason": "job aborted"}))
 
     def notify(self, message: Mapping[str, object]) -> None:
         """Send every running wrapper an elastic host-update notice (it writes it to its node's file)."""
         for conn in self.conns.values():
             if not conn.exited:
-                with contextlib.suppress(OSError):
-                    conn.sock.sendall(protocol.json_frame(protocol.NOTIFY, dict(message)))
+                self._send(conn, protocol.json_frame(protocol.NOTIFY, dict(message)))
+
+    def _send(self, conn: Conn, data: bytes) -> None:
+        """Queue a frame and send what the socket takes now: never blocks (a wrapper on an unreachable node
+        stops taking bytes, and the loop must go on), never sends half a frame and then another."""
+        conn.outbox += data
+        try:
+            sent = conn.sock.send(conn.outbox)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            conn.outbox.clear()
+            return
+        del conn.outbox[:sent]
+
+    def _liveness(self, now: float) -> None:
+        """Heartbeat every wrapper (and flush what they have not taken); name nodes silent for too long."""
+        for conn in self.conns.values():
+            if conn.outbox and not conn.exited:
+                self._send(conn, b"")
+        if now < self.beat_at:
+            return
+        self.beat_at = now + liveness.heartbeat_interval(self.silence_s)
+        live = [c for c in self.conns.values() if not c.exited]
+        for conn in live:
+            self._send(conn, protocol.frame(protocol.HEARTBEAT, b""))
+        silent = [c for c in live if self.silence_s and now - c.heard > self.silence_s]
+        if silent:
+            self._lose(silent)
+
+    def _lose(self, silent: list[Conn], for_s: float | None = None) -> None:
+        """Nodes not heard from: their ranks count as failed (elastic: their hosts are blacklisted)."""
+        lost: dict[str, list[int]] = {}
+        for conn in silent:
+            assert conn.rank is not None
+            conn.exited = True  # nothing more will come; do not wait for it
+            lost.setdefault(conn.host, []).append(conn.rank)
+            self.lost.setdefault(conn.host, []).append(conn.rank)
+            with contextlib.suppress(KeyError, ValueError):
+                self.sel.unregister(conn.sock)
+            conn.sock.close()
+        text = liveness.lost_nodes_text(lost, self.silence_s if for_s is None else round(for_s))
+        if self.failure is None and self.interrupted is None and self.abort_at is None:
+            first = min(r for ranks in lost.values() for r in ranks)
+            self.failure = (first, f"is on {text}", 1)
+            self._note(f"{text}; ending the other ranks")
+            self._abort()
+        else:
+            self._note(text)
 
     def _reset(self, rank: int) -> None:
         """A rank saved its state and left for an elastic relaunch: end the others (commits are safe)."""
@@ -327,7 +385,7 @@ class Supervisor:
         if self.interrupted is None:
             self.interrupted = signum
             self._note(f"received {signal.Signals(signum).name}; ending all ranks")
-            self._abort()
+            self._abort(SIGNAL_GRACE_S)
 
     # ---- control socket -----------------------------------------------------------------------------------
     def _listen(self) -> tuple[socket.socket, list[str]]:
@@ -360,6 +418,7 @@ class Supervisor:
         if not data:
             self._closed(conn)
             return
+        conn.heard = time.monotonic()
         try:
             for kind, payload in conn.reader.feed(data):
                 self._frame(conn, kind, payload)
@@ -420,12 +479,10 @@ class Supervisor:
             )
             if self.rank_env is not None:
                 override.update(self.rank_env(place.rank))
-            with contextlib.suppress(OSError):
-                self.conns[place.rank].sock.setblocking(True)
-                self.conns[place.rank].sock.sendall(
-                    protocol.json_frame(protocol.GO, {"override": override, "defaults": defaults})
-                )
-                self.conns[place.rank].sock.setblocking(False)
+            self._send(
+                self.conns[place.rank],
+                protocol.json_frame(protocol.GO, {"override": override, "defaults": defaults}),
+            )
         self.started = True
 
     def _exited(self, conn: Conn, report: dict[str, object]) -> None:
@@ -449,7 +506,9 @@ class Supervisor:
                 error = ErrorReport.from_json(report.get("error")) or ErrorReport.for_exit_code(
                     int(code_i or 0)
                 )
-            self._fail(conn.rank, describe_end(code_i, sig_i), exit_status(code_i, sig_i), error)
+            reason = report.get("reason")  # the wrapper ended it (a rank stopped for too long)
+            how = f"on {conn.host} {reason}" if isinstance(reason, str) else describe_end(code_i, sig_i)
+            self._fail(conn.rank, how, exit_status(code_i, sig_i), error if reason is None else None)
 
     def _relay(self, key: selectors.SelectorKey) -> None:
         out: MpiOutput = key.data
@@ -485,8 +544,7 @@ class Supervisor:
             "hpcring.launch.rankwrap",
             "--control",
             ",".join(addresses),
-            "--token",
-            self.token,
+            *(["--silence-timeout", f"{self.silence_s:g}"] if self.silence_s else []),
             *(["--fail-fast"] if self.spec.fail_fast else []),
             "--",
             *self.spec.command,
@@ -497,6 +555,7 @@ class Supervisor:
         server.setblocking(False)
         self.sel.register(server, selectors.EVENT_READ, None)
         argv, env = build(self.install, self.spec, self.wrapper_argv(addresses), self.base_env)
+        env[protocol.TOKEN_VARIABLE] = self.token  # never argv: see protocol.TOKEN_VARIABLE
         if on_start:
             on_start(argv)
         previous = {
@@ -548,6 +607,7 @@ class Supervisor:
                 self.on_tick(self)
             now = time.monotonic()
             self._end_hold(now)
+            self._liveness(now)
             if not self.started and now > start_deadline and self.abort_at is None:
                 self._note(
                     f"only {len(self.conns)} of {self.spec.np} ranks started within "
@@ -558,7 +618,7 @@ class Supervisor:
             if self.abort_at is not None and now > self.abort_at and not killed:
                 self._kill_mpiexec(signal.SIGTERM)
                 killed = True
-                self.abort_at = now + 2.0
+                self.abort_at = now + KILL_GRACE_S
             elif killed and self.abort_at is not None and now > self.abort_at:
                 self._kill_mpiexec(signal.SIGKILL)
             if mpiexec_done_at is None and self.mpiexec.poll() is not None:
@@ -568,13 +628,27 @@ class Supervisor:
             for key in list(self.sel.get_map().values()):
                 if isinstance(key.data, MpiOutput):
                     key.data.tick()
-            # Done when mpiexec has exited, every wrapper has reported, its output is drained (or 3 s later).
-            if mpiexec_done_at is not None and (not live or now - mpiexec_done_at > 3.0):
+            # Done when mpiexec has exited, every wrapper has reported, its output is drained (or 3 s later;
+            # 1 s when a signal ends the job, whose sender waits only seconds before its SIGKILL).
+            drain = 1.0 if self.interrupted is not None else 3.0
+            if mpiexec_done_at is not None and (not live or now - mpiexec_done_at > drain):
                 break
         for key in list(self.sel.get_map().values()):
             if isinstance(key.data, MpiOutput):  # a daemon still holds the pipe: flush what we have
                 key.data.feed(b"", final=True)
+        self._silent_at_the_end(time.monotonic())
         return self._result()
+
+    def _silent_at_the_end(self, now: float) -> None:
+        """Wrappers that never reported and sent nothing for two heartbeats are on lost nodes: name them
+        even when the job ended before the silence timeout (a rank that noticed the lost peer failed first),
+        so the error, and the host an elastic job drops, is the node rather than its victims."""
+        if not self.silence_s:
+            return
+        quiet = 2 * liveness.heartbeat_interval(self.silence_s) + 1.0
+        silent = [c for c in self.conns.values() if not c.exited and now - c.heard > quiet]
+        if silent:
+            self._lose(silent, now - min(c.heard for c in silent))
 
     def _result(self) -> int:
         assert self.mpiexec is not None

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -84,6 +85,17 @@ def _end_worker(proc: subprocess.Popen[bytes], pid: int | None) -> None:
     if proc.poll() is None:
         proc.kill()
     proc.wait()
+
+
+def _accept_worker(listener: socket.socket, token: str) -> socket.socket:
+    """The first connection that presents `token`; others (a local stranger racing the worker) are dropped
+    before anything of theirs is unpickled. The listener's timeout bounds each wait."""
+    while True:
+        sock, _ = listener.accept()
+        sock.settimeout(None)
+        if channel.admit(sock, token):
+            return sock
+        sock.close()
 
 
 def _remove(paths: list[str]) -> None:
@@ -170,15 +182,17 @@ class WorkerActor:
         """A new worker process, connected and greeted: (mpiexec process, channel, worker pid)."""
         listener = socket.create_server(("127.0.0.1", 0))
         listener.settimeout(connect_timeout)
+        token = secrets.token_hex(16)  # in the environment, never argv: see channel.admit
         env = {
             **os.environ,
             CHANNEL_VARIABLE: f"127.0.0.1:{listener.getsockname()[1]}",
             ACTOR_PID_VARIABLE: str(os.getpid()),
+            channel.TOKEN_VARIABLE: token,
         }
         cmd = [mpich_mpiexec(), "-n", "1", sys.executable, "-m", "hpcring.ray.worker"]
         proc = subprocess.Popen(cmd, env=env, preexec_fn=_die_with_parent)
         try:
-            sock, _ = listener.accept()
+            sock = _accept_worker(listener, token)
             hello = channel.recv(sock)
         except (TimeoutError, EOFError, OSError):
             proc.kill()

@@ -121,6 +121,7 @@ def main() -> None:
     host, _, port = os.environ[CHANNEL_VARIABLE].rpartition(":")
     threading.Thread(target=_watch_actor, args=(int(os.environ[ACTOR_PID_VARIABLE]),), daemon=True).start()
     sock = socket.create_connection((host, int(port)))
+    channel.present(sock, os.environ.pop(channel.TOKEN_VARIABLE, ""))
     code = 0
     try:
         channel.send(sock, ("hello", os.getpid()))

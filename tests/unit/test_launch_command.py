@@ -54,6 +54,8 @@ def test_openmpi_hosts_and_agent(agent: str) -> None:
     assert "--host" in argv and argv[argv.index("--host") + 1] == "n1:2,n2:2"
     assert argv[argv.index("--map-by") + 1] == "slot" and "mpi_yield_when_idle" not in argv
     assert env["PRTE_MCA_plm_ssh_agent"] == agent  # Open MPI 5 ignores OMPI_MCA_plm_rsh_agent
+    # The job's secret travels by name (prterun forwards the value from its environment), never as a value.
+    assert argv[argv.index("-x") + 1] == protocol.TOKEN_VARIABLE and protocol.TOKEN_VARIABLE not in env
     assert spec.remote and spec.master_addr() == "n1"
 
 

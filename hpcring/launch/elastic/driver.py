@@ -6,8 +6,9 @@ Each world is an ordinary `hpcring run` job (one mpiexec, one supervisor) on the
 - every rank succeeded: the job succeeded;
 - ranks failed alike on two or more hosts (or as they did on a host blacklisted before): the script is
   broken, and the job ends at once with its error (verdict.py says which failures are whose);
-- a rank failed or its host was lost: that rank's host is blacklisted (with the cooldown), and the next world
-  starts on the hosts left once they give at least --min-np slots (waiting up to --elastic-timeout);
+- a rank failed or its host was lost (its wrapper died, or the node was not heard from for the silence
+  timeout, `launch/liveness.py`): that host is blacklisted (with the cooldown), and the next world starts on
+  the hosts left once they give at least --min-np slots (waiting up to --elastic-timeout);
 - the ranks left for a relaunch (RESET_EXIT_CODE, after the driver announced added or removed hosts): the next
   world starts on the hosts discovered now.
 
@@ -270,15 +271,24 @@ class ElasticDriver:
         rank, how, _status = sup.failure
         if not 0 <= rank < len(self.world):
             return f"the world failed to start ({how})"
-        if sup.failures:
+        # A node not heard from (cut off, frozen) goes like a dead one. Ranks elsewhere that failed meanwhile
+        # are its victims (MPI noticed the lost peer first): their hosts stay.
+        lost = sorted({r for ranks in sup.lost.values() for r in ranks if 0 <= r < len(self.world)})
+        if sup.failures and not lost:
             verdict = self.judge.judge(sup.failures, self.world, self.generation)
             if verdict.script:
                 self._note(explain(verdict, self.generation))
                 return None
-        host = self.world[rank]
-        delay = self.blacklist.add(host)
-        until = "for good" if delay is None else f"for {delay:.0f} s"
-        return f"host {host} (rank {rank}, which {how}) is blacklisted {until}"
+        notes = []
+        for host in dict.fromkeys(self.world[r] for r in (lost or [rank])):
+            delay = self.blacklist.add(host)
+            until = "for good" if delay is None else f"for {delay:.0f} s"
+            first = min(r for r in (lost or [rank]) if self.world[r] == host)
+            what = how if first == rank else "was on a node not heard from"
+            notes.append(f"host {host} (rank {first}, which {what}) is blacklisted {until}")
+        if lost and rank not in lost:
+            notes.append(f"rank {rank} {how} after losing its peers; its host stays")
+        return "; ".join(notes)
 
 
 class _Interrupted(Exception):
