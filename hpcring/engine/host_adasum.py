@@ -71,7 +71,9 @@ def adasum_batch(st: SetState, batch: list[Response], timeline: Timeline | None)
             off += n
     with span(timeline, names, "COLLECTIVE"):
         reduce_adasum(st.topology, buf, counts, sig)
-    outputs: list[Any] = [None if q is None else (q.output if q.output is not None else q.tensor) for q in reqs]
+    outputs: list[Any] = [
+        None if q is None else (q.output if q.output is not None else q.tensor) for q in reqs
+    ]
     with span(timeline, names, "MEMCPY_OUT_FUSION_BUFFER"):
         present = [i for i, o in enumerate(outputs) if o is not None]
         if len(present) == len(outputs):

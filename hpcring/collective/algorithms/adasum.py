@@ -147,8 +147,8 @@ def _combine(
     c_right = _coefficient(dot, right_sq)
     c_mine, c_theirs = (c_left, c_right) if left else (c_right, c_left)
     reps = np.asarray(counts, dtype=np.int64)
-    result = mine.astype(wide) * np.repeat(c_mine.astype(wide), reps)
-    result += theirs.astype(wide) * np.repeat(c_theirs.astype(wide), reps)
+    result: NDArray = mine.astype(wide) * np.repeat(c_mine.astype(wide), reps)
+    np.add(result, theirs.astype(wide) * np.repeat(c_theirs.astype(wide), reps), out=result)
     mine[...] = result
 
 
@@ -168,5 +168,5 @@ def _block_sum(t: Transport, v: NDArray, level: int) -> None:
     while d <= level:
         peer = t.rank ^ d
         t.sendrecv(v, peer, other, peer, _TAG_DOTS)
-        v += other
+        np.add(v, other, out=v)
         d <<= 1

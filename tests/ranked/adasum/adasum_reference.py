@@ -47,13 +47,16 @@ def adasum(per_rank: list[list[NDArray]]) -> list[NDArray]:
 
 
 def hierarchical(per_rank: list[list[NDArray]], local_size: int) -> list[NDArray]:
-    """Horovod's GPU Adasum: each node's sum (ranks are numbered node by node), Adasum over the nodes,
-    divided by the node's rank count."""
-    nodes = [
-        [sum((per_rank[r][i].astype(np.float64) for r in range(n, n + local_size)), np.zeros(1)) for i in
-         range(len(per_rank[0]))]
-        for n in range(0, len(per_rank), local_size)
-    ]
+    """Horovod's GPU Adasum: each node's sum (ranks are numbered node by node, rounded once to the dtype),
+    Adasum over the nodes, divided by the node's rank count."""
     dtype = per_rank[0][0].dtype
-    sums = [[t.astype(dtype) for t in node] for node in nodes]
-    return [(t.astype(np.float64) / local_size).astype(dtype) for t in adasum(sums)]
+    nodes = []
+    for first in range(0, len(per_rank), local_size):
+        members = per_rank[first : first + local_size]
+        nodes.append(
+            [
+                np.sum([m[i].astype(np.float64) for m in members], axis=0).astype(dtype)
+                for i in range(len(members[0]))
+            ]
+        )
+    return [(t.astype(np.float64) / local_size).astype(dtype) for t in adasum(nodes)]
