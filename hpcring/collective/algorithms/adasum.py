@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from hpcring.collective.algorithms.workspace import scratch
 from hpcring.collective.backends.base import Transport
 from hpcring.errors import ConfigError, choices
 
@@ -90,7 +91,7 @@ def adasum_allreduce(
         left = not rank & level
         mid = lo + (hi - lo) // 2
         keep, give = ((lo, mid), (mid, hi)) if left else ((mid, hi), (lo, mid))
-        theirs = np.empty(keep[1] - keep[0], dtype=buf.dtype)
+        theirs = scratch("adasum.theirs", keep[1] - keep[0], buf.dtype)  # the first level's is the largest
         _exchange(t, buf[give[0] : give[1]], theirs, rank ^ level, chunk)
         regions.append((lo, hi))
         lo, hi = keep
@@ -128,16 +129,12 @@ def _combine(
 ) -> None:
     """mine = own coefficient * mine + partner's coefficient * theirs, per tensor, with the dot product and
     norms of each whole tensor (summed over every rank holding a part of it)."""
-    wide = np.float32 if mine.dtype == np.float16 else np.float64
-    a = mine.astype(np.float64, copy=False)
-    b = theirs.astype(np.float64, copy=False)
-    sums = np.zeros((len(counts), 3))  # per tensor: a.b, |left|^2, |right|^2
     held = np.flatnonzero(counts)
-    if held.size:
-        starts = (np.cumsum(counts) - counts)[held]
-        sums[held, 0] = np.add.reduceat(a * b, starts)
-        own, peer = np.add.reduceat(a * a, starts), np.add.reduceat(b * b, starts)
-        sums[held, 1], sums[held, 2] = (own, peer) if left else (peer, own)
+    starts = np.cumsum(counts) - counts
+    many_small = held.size > 0 and mine.size < _SMALL_TENSOR * held.size
+    sums = _partial_sums(mine, theirs, counts, held, starts, many_small)  # per tensor: a.b, |a|^2, |b|^2
+    if not left:
+        sums[:, [1, 2]] = sums[:, [2, 1]]  # columns 1 and 2: the left partner's norm, the right one's
     flat = sums.reshape(-1)
     if extra_sum is not None:
         extra_sum(flat)
@@ -146,10 +143,53 @@ def _combine(
     c_left = _coefficient(dot, left_sq)
     c_right = _coefficient(dot, right_sq)
     c_mine, c_theirs = (c_left, c_right) if left else (c_right, c_left)
-    reps = np.asarray(counts, dtype=np.int64)
-    result: NDArray = mine.astype(wide) * np.repeat(c_mine.astype(wide), reps)
-    np.add(result, theirs.astype(wide) * np.repeat(c_theirs.astype(wide), reps), out=result)
-    mine[...] = result
+    wide = np.float32 if mine.dtype == np.float16 else np.float64
+    if many_small:  # one pass over the whole region, coefficients repeated per element
+        reps = np.asarray(counts, dtype=np.int64)
+        result: NDArray = mine.astype(wide) * np.repeat(c_mine.astype(wide), reps)
+        np.add(result, theirs.astype(wide) * np.repeat(c_theirs.astype(wide), reps), out=result)
+        mine[...] = result
+        return
+    for i in held:  # tensor by tensor, in blocks that stay in cache
+        cm, ct = wide(c_mine[i]), wide(c_theirs[i])
+        for lo, hi in _blocks(int(starts[i]), int(starts[i] + counts[i])):
+            a: NDArray = mine[lo:hi].astype(wide)
+            b: NDArray = theirs[lo:hi].astype(wide)
+            np.multiply(a, cm, out=a)
+            np.multiply(b, ct, out=b)
+            np.add(a, b, out=a)
+            mine[lo:hi] = a
+
+
+_SMALL_TENSOR = 4096  # elements: below this on average, tensors are summed in one vectorised pass
+_BLOCK = 1 << 16  # elements per block of a large tensor's arithmetic (float64 temporaries of 512 KiB)
+
+
+def _blocks(lo: int, hi: int) -> list[tuple[int, int]]:
+    return [(b, min(b + _BLOCK, hi)) for b in range(lo, hi, _BLOCK)]
+
+
+def _partial_sums(
+    mine: NDArray, theirs: NDArray, counts: NDArray, held: NDArray, starts: NDArray, many_small: bool
+) -> NDArray:
+    """Per tensor, over the part in this region: (mine . theirs, |mine|^2, |theirs|^2) in float64."""
+    sums = np.zeros((len(counts), 3))
+    if many_small:
+        a = mine.astype(np.float64, copy=False)
+        b = theirs.astype(np.float64, copy=False)
+        at = starts[held]
+        sums[held, 0] = np.add.reduceat(a * b, at)
+        sums[held, 1] = np.add.reduceat(a * a, at)
+        sums[held, 2] = np.add.reduceat(b * b, at)
+        return sums
+    for i in held:
+        for lo, hi in _blocks(int(starts[i]), int(starts[i] + counts[i])):
+            a = mine[lo:hi].astype(np.float64, copy=False)
+            b = theirs[lo:hi].astype(np.float64, copy=False)
+            sums[i, 0] += np.einsum("i,i->", a, b)  # numpy's own loop: BLAS threads spin on busy nodes
+            sums[i, 1] += np.einsum("i,i->", a, a)
+            sums[i, 2] += np.einsum("i,i->", b, b)
+    return sums
 
 
 def _coefficient(dot: NDArray, norm_sq: NDArray) -> NDArray:
