@@ -131,3 +131,14 @@ def test_refused_dtypes_and_ops_name_what_is_allowed(hvd: ModuleType) -> None:
         hvd.allreduce(torch.ones(3, dtype=torch.bfloat16), op=hvd.Adasum)
     with pytest.raises(hvd.HorovodInternalError, match=r"Average or hvd\.Sum"):
         hvd.reducescatter(torch.ones(4), op=hvd.Adasum)
+
+
+def test_small_message_chunks_give_the_same_result(hvd: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    """HOROVOD_ADASUM_MPI_CHUNK_SIZE splits every exchange into messages of at most that many bytes (set
+    alike on every rank, as the engine requires)."""
+    monkeypatch.setenv("HOROVOD_ADASUM_MPI_CHUNK_SIZE", "40")
+    r, n = hvd.rank(), hvd.size()
+    want = expected(hvd, [vectors(q, np.float32, seed=9) for q in range(n)])
+    out = hvd.grouped_allreduce([torch.from_numpy(v) for v in vectors(r, np.float32, seed=9)], op=hvd.Adasum)
+    for got, w in zip(out, want, strict=True):
+        np.testing.assert_allclose(got.numpy(), w, **tolerance(np.float32))
