@@ -142,3 +142,39 @@ def test_small_message_chunks_give_the_same_result(hvd: ModuleType, monkeypatch:
     out = hvd.grouped_allreduce([torch.from_numpy(v) for v in vectors(r, np.float32, seed=9)], op=hvd.Adasum)
     for got, w in zip(out, want, strict=True):
         np.testing.assert_allclose(got.numpy(), w, **tolerance(np.float32))
+
+
+def test_joined_ranks_contribute_zeros(hvd: ModuleType) -> None:
+    """Rank r has r + 1 steps: at step s the ranks below s have joined and add zeros, which Adasum leaves
+    out (a zero vector's coefficient is 1 and it adds nothing)."""
+    r, n = hvd.rank(), hvd.size()
+    for s in range(r + 1):
+        every = [vectors(q, np.float64, (40, 9), seed=20 + s) for q in range(n)]
+        for q in range(min(s, n)):
+            every[q] = [np.zeros_like(v) for v in every[q]]
+        out = hvd.grouped_allreduce([torch.from_numpy(v) for v in every[r]], op=hvd.Adasum, name="join.ada")
+        for got, w in zip(out, expected(hvd, every), strict=True):
+            np.testing.assert_allclose(got.numpy(), w, **tolerance(np.float64))
+    assert hvd.join() == n - 1
+
+
+def test_gradient_is_the_adasum_of_the_gradients(hvd: ModuleType) -> None:
+    """As Horovod's autograd function: the backward pass reduces the gradient with the same op (every rank's
+    gradient is ones: parallel vectors, so their Adasum is ones again; the node-aware route averages too)."""
+    x = torch.from_numpy(vectors(hvd.rank(), np.float64, (12,))[0]).requires_grad_()
+    hvd.allreduce(x, op=hvd.Adasum, name="grad").sum().backward()
+    assert x.grad is not None
+    assert torch.allclose(x.grad, torch.ones(12, dtype=torch.float64))
+
+
+def test_process_sets_other_than_the_global_one_are_refused(hvd: ModuleType) -> None:
+    n = hvd.size()
+    if n == 1:
+        pytest.skip("needs a set smaller than the world")
+    ps = hvd.add_process_set([0])
+    try:
+        if hvd.rank() == 0:
+            with pytest.raises(NotImplementedError, match="global process set only"):
+                hvd.allreduce(torch.ones(3), op=hvd.Adasum, process_set=ps)
+    finally:
+        hvd.remove_process_set(ps)
