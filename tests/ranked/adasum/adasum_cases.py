@@ -8,6 +8,7 @@ from types import ModuleType
 from typing import Any
 
 import numpy as np
+import torch
 from adasum_reference import adasum, hierarchical
 
 NDArray = np.ndarray[Any, Any]
@@ -19,9 +20,37 @@ def vectors(rank: int, dtype: Any, sizes: tuple[int, ...] = SIZES, seed: int = 0
     return [g.standard_normal(s).astype(dtype) for s in sizes]
 
 
+# CI runs CPU tensors; benchmarks/gpu_check.sh sets HPCRING_TEST_DEVICE=cuda for CUDA tensors on
+# cuda:LOCAL_RANK (cuda:RANK on emulated nodes), as the device-plane suite does.
+CUDA = os.environ.get("HPCRING_TEST_DEVICE", "cpu") == "cuda"
+
+
+def _device() -> torch.device:
+    if not CUDA:
+        return torch.device("cpu")
+    key = "RANK" if os.environ.get("HPCRING_EMULATE_NODES") else "LOCAL_RANK"
+    return torch.device("cuda", int(os.environ.get(key, "0")) % torch.cuda.device_count())
+
+
+DEVICE = _device()
+
+
+def dev(v: NDArray) -> torch.Tensor:
+    """A rank's vector as a tensor on the device under test."""
+    return torch.from_numpy(np.ascontiguousarray(v)).to(DEVICE)
+
+
+def host(t: torch.Tensor) -> NDArray:
+    out: NDArray = t.detach().cpu().numpy()
+    return out
+
+
 def node_aware() -> bool:
-    """The launch's CPU tensors take the process-group route (gloo standing in for NCCL): Horovod's GPU
-    form, a sum inside each node and Adasum across nodes."""
+    """This launch's tensors take a process-group route (NCCL, or gloo standing in for it with CPU
+    tensors): Horovod's GPU form, a sum inside each node and Adasum across nodes."""
+    if CUDA:
+        ops = os.environ.get("HPCRING_GPU_OPERATIONS") or os.environ.get("HOROVOD_GPU_OPERATIONS") or "nccl"
+        return ops.lower() == "nccl"
     return os.environ.get("HPCRING_CPU_DEVICE_PLANE", "off") == "gloo"
 
 

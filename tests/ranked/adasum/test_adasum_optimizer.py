@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from adasum_cases import expected
+from adasum_cases import DEVICE, expected
 
 F = torch.nn.functional
 
@@ -63,7 +63,7 @@ def test_steps_match_the_reference_on_every_rank(hvd: ModuleType, kind: str, pas
             return torch.optim.Adam(m.parameters(), lr=0.01)
         return torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
 
-    model = make_model()
+    model = make_model().to(DEVICE)
     opt = hvd.DistributedOptimizer(
         optim(model),
         named_parameters=model.named_parameters(),
@@ -76,11 +76,11 @@ def test_steps_match_the_reference_on_every_rank(hvd: ModuleType, kind: str, pas
         opt.zero_grad()
         for part in range(passes):
             x, y = batch(r, step, part)
-            F.mse_loss(model(x), y).backward()
+            F.mse_loss(model(x.to(DEVICE)), y.to(DEVICE)).backward()
         opt.step()
         reference_step(hvd, refs, ref_opts, step, passes)
         for p, want in zip(model.parameters(), refs[r].parameters(), strict=True):
-            np.testing.assert_allclose(p.detach().numpy(), want.detach().numpy(), rtol=2e-5, atol=2e-6)
+            np.testing.assert_allclose(p.detach().cpu().numpy(), want.detach().numpy(), rtol=2e-5, atol=2e-6)
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     every = hvd.allgather(flat.unsqueeze(0))
     assert all(torch.equal(row, flat) for row in every)  # the same weights on every rank, bit for bit
@@ -89,7 +89,7 @@ def test_steps_match_the_reference_on_every_rank(hvd: ModuleType, kind: str, pas
 def test_horovods_contracts(hvd: ModuleType) -> None:
     """synchronize() does nothing, skip_synchronize() and zero_grad() before step() are refused, a pass too
     many is refused, step() before the last pass reduces what there is, and the weights stay equal."""
-    model = make_model()
+    model = make_model().to(DEVICE)
     opt = hvd.DistributedOptimizer(
         torch.optim.SGD(model.parameters(), lr=0.1),
         named_parameters=model.named_parameters(),
@@ -100,7 +100,7 @@ def test_horovods_contracts(hvd: ModuleType) -> None:
         return
     with pytest.raises(AssertionError, match="Skipping synchronization"), opt.skip_synchronize():
         pass
-    x, y = batch(hvd.rank(), 0)
+    x, y = (t.to(DEVICE) for t in batch(hvd.rank(), 0))
     F.mse_loss(model(x), y).backward()
     opt.synchronize()
     with pytest.raises(AssertionError, match="zero_grad"):
