@@ -71,6 +71,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="fp16: Compression.fp16 against DDP's fp16_compress_hook",
     )
     p.add_argument(
+        "--adasum",
+        action="store_true",
+        default=os.environ.get("HPCRING_BENCH_ADASUM") == "1",
+        help="also train with DistributedOptimizer(op=hvd.Adasum) and report its paired ratio to op=Average",
+    )
+    p.add_argument(
         "--only",
         choices=("hpcring", "ddp"),
         default=os.environ.get("HPCRING_BENCH_ONLY") or None,
@@ -140,6 +146,16 @@ def build(args: argparse.Namespace) -> dict[str, Trainer]:
             compression=hvd.Compression.fp16 if args.compression == "fp16" else hvd.Compression.none,
         )
         out["hpcring"] = Trainer(ours, opt, args, seed)
+    if args.adasum and args.only is None:
+        delta = make_model(args)
+        hvd.broadcast_parameters(delta.state_dict(), root_rank=0)
+        ada = hvd.DistributedOptimizer(
+            torch.optim.SGD(delta.parameters(), lr=lr),
+            named_parameters=delta.named_parameters(),
+            backward_passes_per_step=args.backward_passes,
+            op=hvd.Adasum,
+        )
+        out["adasum"] = Trainer(delta, ada, args, seed)
     if args.only in (None, "ddp"):
         ddp = DistributedDataParallel(make_model(args), broadcast_buffers=False)
         if args.compression == "fp16":
@@ -191,6 +207,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "p75": round(ratios[(3 * len(ratios)) // 4], 3),
     }
     result["max_weight_difference"] = diff
+    if "adasum" in times:  # Adasum's step against the same optimizer's Average step, paired the same way
+        ada = sorted(a / h for a, h in zip(times["adasum"], times["hpcring"], strict=True))
+        result["ratio_adasum_over_average"] = {
+            "median": round(statistics.median(ada), 3),
+            "p25": round(ada[len(ada) // 4], 3),
+            "p75": round(ada[(3 * len(ada)) // 4], 3),
+        }
     return result
 
 
@@ -219,6 +242,9 @@ def main(argv: list[str] | None = None) -> int:
                 f"max weight difference {result['max_weight_difference']:.2e}",
                 flush=True,
             )
+        if "ratio_adasum_over_average" in result:
+            ada = result["ratio_adasum_over_average"]
+            print(f"Adasum/Average ratio: median {ada['median']} (quartiles {ada['p25']}..{ada['p75']})")
         if args.json:
             args.json.parent.mkdir(parents=True, exist_ok=True)
             args.json.write_text(json.dumps(result, indent=2) + "\n")

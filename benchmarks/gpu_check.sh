@@ -20,7 +20,10 @@
 #      same model with no communication, and the share of communication time hidden under backward (CUDA
 #      timing events; Chrome traces in the log folder);
 #   7. DistributedOptimizer against DDP (NCCL) at 1 rank, on the four benchmark models (at one rank hpcring
-#      skips reduction and DDP does not: printed beside the figures).
+#      skips reduction and DDP does not: printed beside the figures);
+#   8. op=Adasum on CUDA tensors against the NumPy reference (tests/ranked/adasum): 2 ranks on 2 emulated
+#      nodes over NCCL (Horovod's hierarchical form, one rank per node: the cross-node Adasum over MPI from
+#      pinned host memory) and 2 ranks over the MPI route.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 PY=${PYTHON:-.venv/bin/python}
@@ -82,6 +85,10 @@ step 6b-overlap-mpi-route 2 "${MPI_ROUTE[@]}" -- "$PY" "$steps" --device "$DEV" 
     --json "$LOG/overlap-mpi-route.json" --trace "$LOG/overlap-mpi-route.trace.json"
 step 7-optimizer-vs-ddp-1-rank 1 "${NCCL_ROUTE[@]}" -- "$PY" "$steps" --device "$DEV" \
     --models mlp,mlp200,resnet,transformer --ddp "$GROUP" --trace-steps 0 --json "$LOG/optimizer-vs-ddp-1-rank.json"
+adasum=("$PY" -m pytest -q -x -p no:cacheprovider -rs -W ignore::UserWarning tests/ranked/adasum/test_adasum_allreduce.py
+    tests/ranked/adasum/test_adasum_optimizer.py)
+step 8a-adasum-2-nodes 2 "${NCCL_ROUTE[@]}" "${two[@]}" -- "${adasum[@]}"
+step 8b-adasum-mpi-route 2 "${MPI_ROUTE[@]}" -- "${adasum[@]}"
 
 if [ "${#failed[@]}" -gt 0 ]; then
     echo "gpu_check: FAILED: ${failed[*]} (logs in $LOG/)"

@@ -138,8 +138,9 @@ VARIABLES: tuple[HorovodVariable, ...] = (
     ),
     _v(
         "ADASUM_MPI_CHUNK_SIZE",
-        False,
-        "Adasum is not implemented (op=Adasum raises); use op=Average",
+        True,
+        "bytes per message of Adasum's point-to-point exchanges (default 1 GiB); read where Adasum runs; "
+        "HPCRING_ADASUM_MPI_CHUNK_SIZE wins when both are set",
     ),
     _v(
         "THREAD_AFFINITY",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -18,6 +19,8 @@ from typing import Any
 import numpy as np
 
 from hpcring.collective import dtypes, selection
+from hpcring.collective.algorithms import adasum as _adasum
+from hpcring.collective.algorithms.adasum import ExtraSum, is_power_of_two
 from hpcring.collective.algorithms.chunks import offsets, part_sizes
 from hpcring.collective.algorithms.hierarchical import (
     DEFAULT_SEGMENT_BYTES,
@@ -38,6 +41,7 @@ from hpcring.collective.selection import (
     SHM_MIN_RANKS,
     choose_algorithm,
     chunk_bytes,
+    env_bytes,
     segment_bytes,
 )
 from hpcring.collective.stages import StageHook, unobserved
@@ -47,16 +51,20 @@ from hpcring.errors import ConfigError, choices
 NDArray = np.ndarray[Any, Any]
 
 __all__ = [
+    "ADASUM_DTYPES",
     "DEFAULT_CHUNK_BYTES",
     "HIERARCHICAL_MIN_BYTES",
     "Finish",
     "TorchTransport",
+    "adasum_allreduce",
+    "adasum_sizes",
     "allgather",
     "allreduce",
     "alltoall",
     "broadcast",
     "chunk_bytes",
     "flat_allreduce",
+    "is_power_of_two",
     "parse_splits",
     "part_sizes",
     "pick_allreduce",
@@ -75,6 +83,41 @@ def wire_settings(chunk: int, shm_slot: int) -> tuple[tuple[str, Any], ...]:
         (CHUNK_ENV, chunk),
         (SEGMENT_ENV, segment_bytes(DEFAULT_SEGMENT_BYTES)),
         (SLOT_ENV, shm_slot),
+        (ADASUM_CHUNK_ENVS[1], adasum_chunk_bytes()),
+    )
+
+
+ADASUM_DTYPES = _adasum.DTYPES
+# Adasum's point-to-point exchanges go in messages of at most this many bytes (Horovod's variable: some MPIs
+# fail on messages over 2 GiB); the HPCRING_ name wins when both are set.
+ADASUM_CHUNK_ENVS = ("HPCRING_ADASUM_MPI_CHUNK_SIZE", "HOROVOD_ADASUM_MPI_CHUNK_SIZE")
+
+
+def adasum_chunk_bytes() -> int:
+    """The Adasum exchange's message size: $HPCRING_ADASUM_MPI_CHUNK_SIZE, else Horovod's name, else 1 GiB."""
+    for name in ADASUM_CHUNK_ENVS:
+        if os.environ.get(name, "").strip():
+            return env_bytes(name, _adasum.DEFAULT_CHUNK_BYTES, 1, "a positive number of bytes")
+    return _adasum.DEFAULT_CHUNK_BYTES
+
+
+def adasum_sizes(limit: int) -> str:
+    """The group sizes Adasum accepts, as an error message lists them."""
+    return _adasum.allowed_sizes(limit)
+
+
+def adasum_allreduce(
+    topo: Topology,
+    buf: NDArray,
+    counts: Sequence[int],
+    group: str = "world",
+    extra_sum: ExtraSum | None = None,
+) -> None:
+    """`buf` (1-D; the tensors of `counts` back to back) replaced in place by the Adasum over `group` of
+    `topo` ('world', or 'cross' for the device plane's node-aware route, with `extra_sum` adding each
+    level's dot products over the node's ranks)."""
+    _adasum.adasum_allreduce(
+        topo.transport(group), buf, counts, extra_sum=extra_sum, chunk_bytes=adasum_chunk_bytes()
     )
 
 

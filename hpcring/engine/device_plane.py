@@ -46,6 +46,7 @@ from hpcring.collective.stages import (
     unobserved,
 )
 from hpcring.config import EngineSettings
+from hpcring.engine.device_adasum import adasum
 from hpcring.engine.device_lanes import Lane
 from hpcring.engine.device_routes import (
     ROUTES,
@@ -58,6 +59,7 @@ from hpcring.engine.device_routes import (
     torch_dtype,
 )
 from hpcring.engine.engine_state import EngineState
+from hpcring.engine.host_adasum import ADASUM
 from hpcring.engine.host_plane import HostPlane, run_single
 from hpcring.engine.request import OpType, Signature
 from hpcring.engine.timeline import NULL_SPAN, stage_hook
@@ -168,6 +170,8 @@ class SetPlane:
         op = first.sig.op_type
         staged = self.topo.size > 1 and self.carrier == "mpi"  # one rank: no data to move, only scaling
         if op is OpType.ALLREDUCE:
+            if first.sig.reduce_op == ADASUM:  # not element-wise: Horovod's own forms (device_adasum.py)
+                return adasum(self, lane, batch, timeline, _pack, _unpack)
             if staged:
                 return self._staged_allreduce(lane, batch, timeline)
             return self.allreduce(lane, batch, timeline)

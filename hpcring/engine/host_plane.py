@@ -19,6 +19,7 @@ from hpcring.collective.ops import BY_VALUE as _REDUCE_OPS
 from hpcring.collective.stages import unobserved
 from hpcring.collective.topology import Topology
 from hpcring.engine.engine_state import EngineState
+from hpcring.engine.host_adasum import ADASUM, adasum_batch
 from hpcring.engine.host_buffers import _adjacent_span, _is_none, _postscale, _unpack
 from hpcring.engine.joined import _neutral
 from hpcring.engine.request import OpType, Request, Signature
@@ -108,6 +109,8 @@ class HostPlane:
         """One (fused) allreduce; returns each request's output (None for a joined rank's entries)."""
         stats = self._state.stats
         sig = batch[0].sig
+        if sig.reduce_op == ADASUM:  # not element-wise: its own path (host_adasum.py)
+            return adasum_batch(st, batch, timeline)
         dtype = numpy_dtype(sig.dtype)
         names = list(map(_SIG_NAME, batch)) if timeline is not None else []
         reqs: list[Any] = list(map(_LOCAL, batch))

@@ -8,11 +8,12 @@ from typing import Any
 from hpcring import _deps
 from hpcring.collective import dtypes
 from hpcring.engine import OpType, ProcessSet, Request, global_process_set
-from hpcring.torch import basics
+from hpcring.torch import adasum_rules, basics
 from hpcring.torch.compression import Compression
 from hpcring.torch.graph import run_op
 from hpcring.torch.op_handles import (
     _OP_NAMES,
+    ADASUM,
     _group_names,
     _name,
     _op_name,
@@ -71,17 +72,22 @@ def _allreduce_async(
     dtype = PLAIN_DTYPES.get(tensor.dtype) if type(tensor) is TENSOR else None
     if dtype is None:
         dtype = _check_dtype(tensor, what)
-        dtypes.check_op(dtype, op, what)
+        if op_name != ADASUM:
+            dtypes.check_op(dtype, op, what)
     set_id = process_set.process_set_id if type(process_set) is ProcessSet else None
     if set_id is None:
         set_id = basics._set_id(process_set)
     data = host_array(tensor)
     if data is not None:  # the caller's own memory, viewed as it is: nothing to copy back
+        if op_name == ADASUM:
+            adasum_rules.check(dtype, "cpu", process_set, what)
         out = data if output is tensor else output.numpy()  # `fresh_output`: contiguous, like the input
         full = _name("allreduce", name, process_set)
         sig = new_signature((full, _ALLREDUCE, dtype, tuple(tensor.shape), op_name, -1, pre, post, "cpu", ()))
         return _register(_Pending([_queue(Request(sig, set_id, data, out))], lambda _: output))
     src = _view(tensor)
+    if op_name == ADASUM:
+        adasum_rules.check(dtype, src.device, process_set, what)
     dst = src if output is tensor else _view(output)
     h = _submit(
         OpType.ALLREDUCE,

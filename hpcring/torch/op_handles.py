@@ -33,13 +33,17 @@ Product = ReduceOp.PRODUCT
 
 
 class _AdasumOp:
-    """Horovod's Adasum reduction: accepted as a name, refused with a clear error when used."""
+    """Horovod's Adasum reduction (`allreduce` and `DistributedOptimizer`; `adasum_rules.py` says where it is
+    allowed). Not a ReduceOp: it is not element-wise, so the collective floor's element-wise paths never
+    see it; requests carry it as the reduce op "adasum"."""
 
     def __repr__(self) -> str:
         return "Adasum"
 
 
 Adasum = _AdasumOp()
+
+ADASUM = "adasum"  # a request's reduce op for Adasum (engine/host_adasum.py)
 
 _OPS = {Average: "average", Sum: "sum", Min: "min", Max: "max", Product: "product"}
 # The same by the op's identity: looking an Enum member up in a dict hashes it in Python, once per call.
@@ -64,11 +68,12 @@ def handle_average_backwards_compatibility(op: Any, average: Any) -> Any:
 
 def _op_name(op: Any, what: str) -> str:
     if op is Adasum:
-        raise ConfigError(f"{what}: op=Adasum is not implemented in hpcring yet; use hvd.Average or hvd.Sum")
+        return ADASUM
     if isinstance(op, ReduceOp):
         return _OP_NAMES[id(op)]
     raise ConfigError(
-        f"{what}: unknown op {op!r}; allowed: hvd.Average, hvd.Sum, hvd.Min, hvd.Max or hvd.Product"
+        f"{what}: unknown op {op!r}; allowed: hvd.Average, hvd.Sum, hvd.Min, hvd.Max, hvd.Product or "
+        "hvd.Adasum"
     )
 
 

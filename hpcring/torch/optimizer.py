@@ -23,9 +23,9 @@ from typing import Any, cast
 
 from hpcring import _deps
 from hpcring.engine import ProcessSet, global_process_set
-from hpcring.errors import ConfigError
 from hpcring.torch import autotune, basics
 from hpcring.torch import buckets as bucketing
+from hpcring.torch.adasum_optimizer import adasum_optimizer
 from hpcring.torch.allreduce_ops import allreduce_async_, grouped_allreduce_async_
 from hpcring.torch.collective_ops import sparse_allreduce_async
 from hpcring.torch.compression import Compression, Compressor
@@ -576,15 +576,14 @@ def DistributedOptimizer(
     buckets reduced as one request each; 0 reduces every gradient as its own request.
     """
     op = Average if op is None else op
-    if op == Adasum:
-        raise ConfigError(
-            "op=Adasum is not supported by hpcring's DistributedOptimizer yet; "
-            "use op=hvd.Average (the default) or op=hvd.Sum"
-        )
     if backward_passes_per_step < 1:
         raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("gradient_predivide_factor not supported with op != Average")
+    if op is Adasum and basics.size() > 1:  # Horovod's delta optimizer; one rank keeps the plain wrapper
+        return adasum_optimizer(
+            optimizer, named_parameters, compression, backward_passes_per_step, process_set
+        )
     if num_groups != 0:
         warnings.warn(
             "Parameter `num_groups` has been replaced by `groups`.", DeprecationWarning, stacklevel=2

@@ -80,6 +80,31 @@ LAUNCHES = (
             (2, None, "mpi"),
         )
     ),
+    # op=hvd.Adasum (allreduce and DistributedOptimizer) against a NumPy reference: the host plane at 1, 2 and
+    # 4 ranks, the refusal at 3 (not a power of two), Horovod's GPU form on the process-group route's
+    # stand-in (4 ranks on 2 emulated nodes; one rank per node: the cross-node stage alone), and the MPI
+    # route's stand-in.
+    *(
+        Launch(
+            paths,
+            np=np,
+            emulate_nodes=nodes,
+            env={"HPCRING_CPU_DEVICE_PLANE": plane} if plane else {},
+            pytest_args=(*TORCH_WARNINGS, "-o", "faulthandler_timeout=200"),
+            timeout=300,
+            requires=("torch",),
+            name=f"openmpi-np{np}{f'-{nodes}nodes' if nodes else ''}{f'-{plane}' if plane else ''}",
+        )
+        for np, nodes, plane, paths in (
+            (1, None, "", ("adasum",)),
+            (2, None, "", ("adasum",)),
+            (4, None, "", ("adasum",)),
+            (3, None, "", ("adasum/test_adasum_ranks.py",)),
+            (4, 2, "gloo", ("adasum",)),
+            (2, 2, "gloo", ("adasum/test_adasum_allreduce.py",)),
+            (2, None, "mpi", ("adasum",)),
+        )
+    ),
     # Data-parallel training: DistributedOptimizer, broadcast helpers, SyncBatchNorm, the equivalence proof.
     *(
         Launch(

@@ -98,8 +98,8 @@ def test_synchronous_value_errors(hvd: ModuleType) -> None:
         hvd.reducescatter(x, op=hvd.Max)  # Horovod: refused at enqueue, a RuntimeError
     with pytest.raises(ValueError, match="at least one dimension"):
         hvd.reducescatter(torch.tensor(1.0))
-    with pytest.raises(ValueError, match="Adasum is not implemented"):
-        hvd.allreduce(x, op=hvd.Adasum)
+    with pytest.raises(ValueError, match="Adasum does not reduce 'int32'"):
+        hvd.allreduce(torch.ones(2, dtype=torch.int32), op=hvd.Adasum)
     with pytest.raises(ValueError, match="root_rank"):
         hvd.broadcast(x, root_rank=n)
     with pytest.raises(ValueError, match="not supported"):

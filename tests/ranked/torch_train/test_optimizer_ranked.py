@@ -279,7 +279,11 @@ REFUSED = [
         "gradient_predivide_factor",
         id="predivide-needs-average",
     ),
-    pytest.param(lambda hvd, ps, named: {"op": hvd.Adasum}, r"Adasum.*Average", id="adasum"),
+    pytest.param(
+        lambda hvd, ps, named: {"op": hvd.Adasum, "gradient_predivide_factor": 2.0},
+        "gradient_predivide_factor",
+        id="adasum-predivide",
+    ),
 ]
 
 
