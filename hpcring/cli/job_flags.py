@@ -7,7 +7,7 @@ variable stands in for it when it is not given, so a site can set e.g. HPCRING_A
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -15,26 +15,51 @@ from hpcring.cli.flag_values import env, env_flag, env_list
 from hpcring.errors import ConfigError
 from hpcring.schedulers import job as jobmod
 from hpcring.schedulers import profile as profmod
-from hpcring.schedulers import walltime
 from hpcring.schedulers.job import JobSpec
 from hpcring.schedulers.model import LAUNCHERS, Profile
 
 
-def _count_type(var: str) -> Callable[[str], int]:
-    """argparse type for a count; argparse also applies it to the environment default, so errors name both."""
+def _count(text: str) -> int | str:
+    """argparse type for a count: the integer when the text is one (negative too), else the text itself.
 
-    def convert(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = -1
-        if value < 0:
-            raise argparse.ArgumentTypeError(
-                f"expected a non-negative integer, got {text!r} (from the flag or {var})"
-            )
-        return value
+    Ranges and types are not checked here: `job_from_args` hands every flag to `job.check`, the validation job
+    files go through, so `--cpus-per-rank 0` and `cpus_per_rank: 0` are refused by the same rule.
+    """
+    try:
+        return int(text)
+    except ValueError:
+        return text
 
-    return convert
+
+# Job-file key -> (flag, environment variable): what an error about a flag's value names.
+FLAG_OF: dict[str, tuple[str, str]] = {
+    "nodes": ("--nodes", "HPCRING_NODES"),
+    "ranks_per_node": ("--ranks-per-node", "HPCRING_RANKS_PER_NODE"),
+    "ranks": ("--ranks", "HPCRING_RANKS"),
+    "gpus_per_rank": ("--gpus-per-rank", "HPCRING_GPUS_PER_RANK"),
+    "cpus_per_rank": ("--cpus-per-rank", "HPCRING_CPUS_PER_RANK"),
+    "threads_per_core": ("--threads-per-core", "HPCRING_THREADS_PER_CORE"),
+    "time": ("--time", "HPCRING_TIME"),
+    "partition": ("--partition", "HPCRING_PARTITION"),
+    "name": ("--job-name", "HPCRING_JOB_NAME"),
+    "account": ("--account", "HPCRING_ACCOUNT"),
+    "output": ("--job-output", "HPCRING_JOB_OUTPUT"),
+    "error": ("--job-error", "HPCRING_JOB_ERROR"),
+    "workdir": ("--workdir", "HPCRING_WORKDIR"),
+    "image": ("--image", "HPCRING_IMAGE"),
+    "binds": ("--bind", "HPCRING_BINDS"),
+    "modules": ("--module", "HPCRING_MODULES"),
+    "steps": ("--step", "HPCRING_STEPS"),
+}
+
+
+def flag_label(path: str) -> str:
+    """The flag (and its variable) behind a job-file path: `steps[1].run` -> `--step [HPCRING_STEPS]`."""
+    key = path.split(".")[0].split("[")[0]
+    if key not in FLAG_OF:
+        return path
+    flag, var = FLAG_OF[key]
+    return f"{flag} [{var}]"
 
 
 def add_profile_args(p: argparse.ArgumentParser) -> None:
@@ -66,7 +91,7 @@ def add_shape_args(p: argparse.ArgumentParser) -> None:
             "hardware threads per core (default: the site's smt)",
         ),
     ):
-        g.add_argument(flag, type=_count_type(var), default=env(var), help=f"{text} [{var}]")
+        g.add_argument(flag, type=_count, default=env(var), help=f"{text} [{var}]")
     g.add_argument("--time", default=env("HPCRING_TIME"), help="walltime, e.g. 30 or 02:00:00 [HPCRING_TIME]")
     g.add_argument(
         "--partition", default=env("HPCRING_PARTITION"), help="partition/QOS/queue [HPCRING_PARTITION]"
@@ -137,15 +162,42 @@ def _command(args: argparse.Namespace) -> list[str]:
     return cmd
 
 
-def job_from_args(args: argparse.Namespace) -> JobSpec:
-    """The JobSpec: the job file (if any) with every given flag applied over it."""
-    spec = jobmod.load(args.job) if args.job else JobSpec()
-    time_s = None
+def flag_document(args: argparse.Namespace) -> dict[str, Any]:
+    """The flags given, as the job-file keys they stand for (what `job.check` validates)."""
+    doc: dict[str, Any] = {}
+    for key in ("nodes", "ranks_per_node", "ranks", "gpus_per_rank", "cpus_per_rank", "threads_per_core"):
+        if getattr(args, key) is not None:
+            doc[key] = getattr(args, key)
     if args.time is not None:
-        try:
-            time_s = walltime.parse(int(args.time) if args.time.isdigit() else args.time)
-        except ValueError as exc:
-            raise ConfigError(f"--time: {exc}") from exc
+        doc["time"] = int(args.time) if args.time.isdigit() else args.time
+    if args.partition is not None:
+        doc["partition"] = args.partition
+    if hasattr(args, "job_name"):
+        for key, attr in (
+            ("name", "job_name"),
+            ("account", "account"),
+            ("output", "job_output"),
+            ("error", "job_error"),
+            ("workdir", "workdir"),
+            ("image", "image"),
+        ):
+            if getattr(args, attr) is not None:
+                doc[key] = getattr(args, attr)
+        for key, attr in (("binds", "bind"), ("modules", "module")):
+            if getattr(args, attr):
+                doc[key] = list(getattr(args, attr))
+        if args.step:
+            doc["steps"] = [{"run": line} for line in args.step]
+    return doc
+
+
+def job_from_args(args: argparse.Namespace) -> JobSpec:
+    """The JobSpec: the job file (if any) with every given flag applied over it.
+
+    The flags are validated as a job document by `job.check`, the same rules as the job file's keys.
+    """
+    spec = jobmod.load(args.job) if args.job else JobSpec()
+    time_s = jobmod.check(flag_document(args), "", flag_label)
     changes: dict[str, Any] = {
         "nodes": args.nodes,
         "ranks_per_node": args.ranks_per_node,

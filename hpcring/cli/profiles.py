@@ -42,6 +42,11 @@ def register(parser: argparse.ArgumentParser) -> None:
         "--sysfs-root", metavar="DIR", help="read this /sys tree instead of /sys [env HPCRING_SYSFS_ROOT]"
     )
     init.add_argument(
+        "--scheduler",
+        help="the batch system: slurm, pbs, flux or lsf; needed where none of their commands answers "
+        "[env HPCRING_INIT_SCHEDULER]",
+    )
+    init.add_argument(
         "--from-dir",
         metavar="DIR",
         help="read recorded tool outputs (<source>.txt, e.g. scontrol-partition.txt) instead of running the "
@@ -76,6 +81,8 @@ def _init(args: argparse.Namespace) -> int:
     output = opt(args.output, "HPCRING_INIT_OUTPUT")
     root = Path(opt(args.sysfs_root, "HPCRING_SYSFS_ROOT") or "/sys")
     from_dir = opt(args.from_dir, "HPCRING_INIT_FROM_DIR")
+    if output is not None and Path(output).exists():
+        raise ProfileError(f"--output: {output!r} exists; remove it or choose another file")
     if not root.is_dir():
         raise ProfileError(f"--sysfs-root: {str(root)!r} is not a directory")
     if from_dir is not None:
@@ -85,7 +92,11 @@ def _init(args: argparse.Namespace) -> int:
     else:
         outputs, notes = probe.run_all()
     draft = compose.compose(
-        sysfs.read_tree(root), outputs, opt(args.name, "HPCRING_INIT_NAME"), socket.gethostname()
+        sysfs.read_tree(root),
+        outputs,
+        opt(args.name, "HPCRING_INIT_NAME"),
+        socket.gethostname(),
+        opt(args.scheduler, "HPCRING_INIT_SCHEDULER"),
     )
     draft.notes.extend(notes)
     text = writer.profile_yaml(draft)
@@ -95,10 +106,7 @@ def _init(args: argparse.Namespace) -> int:
     if output is None:
         print(text, end="")
         return 0
-    path = Path(output)
-    if path.exists():
-        raise ProfileError(f"--output: {output!r} exists; remove it or choose another file")
-    path.write_text(text, "utf-8")
+    Path(output).write_text(text, "utf-8")
     print(f"wrote {output}: profile {draft.name!r} from {', '.join(draft.sources) or 'no source'}")
     return 0
 

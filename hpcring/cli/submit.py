@@ -59,12 +59,26 @@ def _script_path(args: argparse.Namespace, name: str) -> Path:
     return Path(args.script_dir) / f"{safe}-{stamp}-{os.getpid()}.sh"
 
 
+def check_wait_flags(args: argparse.Namespace) -> None:
+    """--poll and --wait-timeout are durations: 0, negative or NaN would spin, fail in sleep() or give up
+    before the first poll."""
+    from hpcring.errors import ConfigError
+
+    for flag, var, value in (
+        ("--poll", "HPCRING_POLL", args.poll),
+        ("--wait-timeout", "HPCRING_WAIT_TIMEOUT", args.wait_timeout),
+    ):
+        if value is not None and not value > 0:
+            raise ConfigError(f"{flag} [{var}]: {value!r} is too small; allowed: a number of seconds above 0")
+
+
 def main(args: argparse.Namespace) -> int:
     from hpcring.cli import job_flags
     from hpcring.cli.render import prepare, write_script
     from hpcring.schedulers import submission
     from hpcring.schedulers.plan import Plan
 
+    check_wait_flags(args)
     job = job_flags.job_from_args(args)
     path = _script_path(args, job.name).absolute()
     p, text = prepare(args, path)

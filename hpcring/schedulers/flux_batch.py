@@ -40,7 +40,11 @@ class Flux(Scheduler):
         if job.error:
             out.append(Directive("--error", job.error))
         for extra in opts.extra_directives:
-            out.append(Directive.from_text(check_line_safe(extra, "site.flux.extra_directives entry")))
+            out.append(
+                Directive.from_text(
+                    check_line_safe(extra, "site.flux.extra_directives entry", self.directive_prefix)
+                )
+            )
         return out
 
     def master_addr(self, rm: RankMap) -> Raw:

@@ -8,7 +8,7 @@ the same job file can be rendered for several sites.
 from __future__ import annotations
 
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from hpcring.errors import ConfigError
-from hpcring.schedulers import walltime
+from hpcring.schedulers import textfile, walltime
 from hpcring.schedulers.validation import validate
 
 
@@ -66,20 +66,32 @@ def _env_str(value: object) -> str:
     return str(value)
 
 
+def check(data: Mapping[str, Any], where: str, label: Callable[[str], str] | None = None) -> int | None:
+    """The one validation of job fields, for job files and `map`/`render`/`submit` flags alike: the job
+    schema (job.v1.schema.json: types, counts of at least 1, the command's forms), then what a schema cannot
+    say (the walltime's fields below 60). Returns the walltime in seconds, None when `time` is not given.
+
+    `label` turns a key into what the user typed (`cpus_per_rank` -> `--cpus-per-rank`); `where` names the
+    file, empty for flags.
+    """
+    validate(data, "job", where, ConfigError, label)
+    if "time" not in data:
+        return None
+    try:
+        return walltime.parse(data["time"])
+    except ValueError as exc:
+        prefix = f"{where}: " if where else ""
+        raise ConfigError(f"{prefix}{label('time') if label else 'time'}: {exc}") from exc
+
+
 def from_mapping(data: Mapping[str, Any], where: str = "<job>") -> JobSpec:
-    """A JobSpec from a parsed job document (validated against job.v1.schema.json first)."""
-    validate(data, "job", where, ConfigError)
+    """A JobSpec from a parsed job document (validated by `check` first)."""
+    time_s = check(data, where)
     steps: tuple[Step, ...] = ()
     if "command" in data:
         steps = (Step(command_argv(data["command"])),)
     elif "steps" in data:
         steps = tuple(Step(command_argv(s["run"]), s.get("name", "")) for s in data["steps"])
-    time_s = None
-    if "time" in data:
-        try:
-            time_s = walltime.parse(data["time"])
-        except ValueError as exc:
-            raise ConfigError(f"{where}: time: {exc}") from exc
     return JobSpec(
         nodes=data.get("nodes", 1),
         name=data.get("name", "hpcring"),
@@ -108,12 +120,11 @@ def from_mapping(data: Mapping[str, Any], where: str = "<job>") -> JobSpec:
 
 
 def load(path: str | Path) -> JobSpec:
-    """A JobSpec from a YAML job file."""
+    """A JobSpec from a YAML job file (read as profiles are: a file that is not UTF-8 is one line)."""
     p = Path(path)
+    text = textfile.read_text(p, "job file", ConfigError)
     try:
-        data = yaml.safe_load(p.read_text("utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"cannot read job file {str(p)!r}: {exc.strerror}") from exc
+        data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{p}: not valid YAML: {exc}") from exc
     if not isinstance(data, dict):

@@ -4,12 +4,24 @@ argument)."""
 
 from __future__ import annotations
 
+import re
+
 from hpcring.schedulers import walltime
 from hpcring.schedulers.interfaces import Scheduler
 from hpcring.schedulers.job import JobSpec
 from hpcring.schedulers.mapping import RankMap
 from hpcring.schedulers.plan import Directive
 from hpcring.schedulers.shell import Raw, check_line_safe
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def output_name(job_name: str) -> str:
+    """The default `-o` file, `<name>.%J.out`, from a job name made safe as one file name in the working
+    directory: `/` (a directory bsub would need to exist) and other characters become `_`, and a leading `-`
+    or `.` goes (an option-like or hidden file). The `-J` name itself stays as the user gave it."""
+    stem = _UNSAFE.sub("_", job_name).lstrip("-.") or "hpcring"
+    return f"{stem}.%J.out"
 
 
 class Lsf(Scheduler):
@@ -36,11 +48,13 @@ class Lsf(Scheduler):
             out.append(Directive("-P", account, " "))
         if site.lsf.alloc_flags:
             out.append(Directive("-alloc_flags", " ".join(site.lsf.alloc_flags), " "))
-        out.append(Directive("-o", job.output or f"{job.name}.%J.out", " "))
+        out.append(Directive("-o", job.output or output_name(job.name), " "))
         if job.error:
             out.append(Directive("-e", job.error, " "))
         for extra in site.lsf.extra_directives:
-            flag, _, value = check_line_safe(extra, "site.lsf.extra_directives entry").partition(" ")
+            flag, _, value = check_line_safe(
+                extra, "site.lsf.extra_directives entry", self.directive_prefix
+            ).partition(" ")
             out.append(Directive(flag, value or None, " "))
         return out
 

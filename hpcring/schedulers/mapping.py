@@ -189,6 +189,7 @@ def resolve(profile: Profile, job: JobSpec) -> Shape:
     gpr = job.gpus_per_rank if job.gpus_per_rank is not None else (1 if node.gpus else 0)
     if gpr > 0 and not node.gpus:
         raise JobShapeError(f"{gpr} GPU(s) per rank asked, but profile {profile.name!r} nodes have no GPUs")
+    _check_gpu_groups(profile, gpr)
     counts, extra = _split_ranks(profile, job)
     rpn = counts[0]
     if gpr * rpn > len(node.gpus):
@@ -217,6 +218,23 @@ def resolve(profile: Profile, job: JobSpec) -> Shape:
     part = _partition(profile, job)
     time_s = _walltime(profile, job, part)
     return Shape(job.nodes, job.ranks or rpn * job.nodes, counts, extra, gpr, cpr, tpc, time_s, part)
+
+
+def _check_gpu_groups(profile: Profile, gpr: int) -> None:
+    """Refuse GPUs per rank that do not divide the node's GPUs.
+
+    Ranks take consecutive GPUs, so 3 of 8 GCDs leaves two idle on every node and gives a rank GPUs from two
+    NUMA domains (3-5 on a Frontier node); no built-in site documents such a layout. The divisors keep every
+    GPU busy and every group aligned.
+    """
+    total = len(profile.node.gpus)
+    if gpr > 0 and total % gpr:
+        allowed = [d for d in range(1, total + 1) if total % d == 0]
+        raise JobShapeError(
+            f"--gpus-per-rank (gpus_per_rank) {gpr} does not divide the {total} GPUs of a {profile.name!r} "
+            f"node: {total % gpr} would stay idle and a rank's GPUs could span NUMA domains; allowed: "
+            f"{choices([0, *allowed])} (0: CPU-only ranks)"
+        )
 
 
 def _partition(profile: Profile, job: JobSpec) -> Partition | None:

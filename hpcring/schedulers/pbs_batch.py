@@ -75,7 +75,9 @@ class Pbs(Scheduler):
         else:
             out.append(Directive("-j", "oe", " "))  # one output file, as sbatch's default
         for extra in opts.extra_directives:
-            flag, _, value = check_line_safe(extra, "site.pbs.extra_directives entry").partition(" ")
+            flag, _, value = check_line_safe(
+                extra, "site.pbs.extra_directives entry", self.directive_prefix
+            ).partition(" ")
             out.append(Directive(flag, value or None, " "))
         return out
 

@@ -39,8 +39,9 @@ def _env(rm: RankMap, job: JobSpec, sched: Scheduler) -> list[tuple[str, str]]:
     return list(merged.items())
 
 
-def check_values(job: JobSpec, account: str | None) -> None:
-    """Values that land on directive lines must stay on one line."""
+def check_values(job: JobSpec, account: str | None, prefix: str = "directive") -> None:
+    """Values that land on directive lines (`prefix`: the scheduler's `#SBATCH`, `#PBS`...) stay on one
+    line."""
     for what, value in (
         ("job name", job.name),
         ("account", account),
@@ -49,7 +50,7 @@ def check_values(job: JobSpec, account: str | None) -> None:
         ("error path", job.error),
     ):
         if value is not None:
-            check_line_safe(value, what)
+            check_line_safe(value, what, prefix)
 
 
 def build(
@@ -73,8 +74,8 @@ def build(
             f"profile {profile.name!r} requires an account/project: pass --account (or HPCRING_ACCOUNT, or "
             "'account:' in the job file)"
         )
-    check_values(job, account)
     sched = registry.scheduler(site.scheduler)
+    check_values(job, account, sched.directive_prefix)
     launch = registry.launcher(launcher_name or site.launcher)
     if launch.name not in LAUNCHERS_OF.get(sched.name, (launch.name,)):
         raise ConfigError(
@@ -90,7 +91,7 @@ def build(
             f"{opts.files_dir.rstrip('/')}/{opts.basename}.{suffix}" if opts.files_dir is not None else None
         )
         if path is not None:
-            check_line_safe(path, "file path")
+            check_line_safe(path, "file path", sched.directive_prefix)
         paths[suffix] = Raw(f'"${var}"')
         where = _shared_inline_path if suffix in launch.node_files else _inline_path
         files.append(ExtraFile(var, suffix, content, path, path or where(sched.job_id_var, suffix)))
@@ -115,7 +116,7 @@ def build(
         directive_prefix=sched.directive_prefix,
         directives=(
             *sched.directives(rm, job, account),
-            *(_extra_directive(d) for d in (ctr.directives if ctr else ())),
+            *(_extra_directive(d, sched.directive_prefix) for d in (ctr.directives if ctr else ())),
         ),
         modules=(*site.modules, *(ctr.modules if ctr else ()), *job.modules),
         module_paths=ctr.module_paths if ctr else (),
@@ -128,9 +129,9 @@ def build(
     )
 
 
-def _extra_directive(text: str) -> Directive:
+def _extra_directive(text: str, prefix: str) -> Directive:
     """A container-only directive ("-l a=b" or "--flag=value"), checked to stay on its line."""
-    return Directive.from_text(check_line_safe(text, "site.container.directives entry"))
+    return Directive.from_text(check_line_safe(text, "site.container.directives entry", prefix))
 
 
 def _shared_inline_path(job_var: str, suffix: str) -> Raw:

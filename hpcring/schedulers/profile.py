@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from hpcring.errors import ProfileError, choices
-from hpcring.schedulers import containers, cpuset, site_options, walltime
+from hpcring.schedulers import containers, cpuset, site_options, textfile, walltime
 from hpcring.schedulers.model import (
     LAUNCHERS_OF,
     Gpu,
@@ -71,22 +71,7 @@ def source_of(name_or_path: str) -> tuple[str, str]:
 
 def read_text(path: Path) -> str:
     """A profile file's text, or one ProfileError line saying why it cannot be read (never a traceback)."""
-    if path.is_dir():
-        raise ProfileError(f"profile file {str(path)!r} is a directory, not a file")
-    if not path.exists():
-        raise ProfileError(f"profile file {str(path)!r} does not exist")
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise ProfileError(f"profile file {str(path)!r} cannot be read: {exc.strerror or exc}") from exc
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        bad = data[exc.start : exc.start + 1].hex()
-        raise ProfileError(
-            f"profile file {str(path)!r} is not UTF-8 text: byte 0x{bad} at offset {exc.start}; "
-            "save it as UTF-8"
-        ) from exc
+    return textfile.read_text(path, "profile file", ProfileError)
 
 
 def load(name_or_path: str) -> Profile:

@@ -107,13 +107,13 @@ _LINE_BREAKS = {
 }
 
 
-def check_line_safe(value: str, what: str) -> str:
+def check_line_safe(value: str, what: str, prefix: str = "directive") -> str:
     """Refuse characters that would end a directive line (and NUL, which no file name or argument can
-    hold)."""
+    hold); `prefix` is the scheduler's own directive (`#SBATCH`, `#PBS`, ...), which the message names."""
     for ch, name in _LINE_BREAKS.items():
         if ch in value:
             raise ConfigError(
-                f"{what} {value!r} contains {name}; it would end the #SBATCH/#BSUB line and could start a "
+                f"{what} {value!r} contains {name}; it would end the {prefix} line and could start a "
                 "new directive. Remove it."
             )
     return value

@@ -49,7 +49,9 @@ class Slurm(Scheduler):
         if job.error:
             out.append(Directive("--error", job.error))
         for extra in site.slurm.extra_directives:
-            out.append(_flag(check_line_safe(extra, "site.slurm.extra_directives entry")))
+            out.append(
+                _flag(check_line_safe(extra, "site.slurm.extra_directives entry", self.directive_prefix))
+            )
         return out
 
     def master_addr(self, rm: RankMap) -> Raw:

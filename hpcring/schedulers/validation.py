@@ -91,16 +91,24 @@ def _describe(error: Any) -> str:
         return f"missing {error.message.split(' is a required')[0]}"
     if v == "type":
         return f"{inst!r} has the wrong type; expected {choices(_as_list(error.validator_value))}"
-    if v in ("minimum", "maximum", "minItems", "minLength"):
-        return f"{inst!r} is too small or too large ({v} {error.validator_value!r})"
+    if v == "minimum":
+        return f"{inst!r} is too small; allowed: {error.validator_value!r} or more"
+    if v == "maximum":
+        return f"{inst!r} is too large; allowed: {error.validator_value!r} or less"
+    if v == "minItems":
+        return f"{inst!r} is too short; allowed: at least {error.validator_value!r} item(s)"
+    if v == "minLength":
+        return f"{inst!r} is too short; allowed: at least {error.validator_value!r} character(s)"
     if v == "uniqueItems":
         return f"{inst!r} lists an item more than once; list each one once"
     if v == "pattern":
         return f"{inst!r} does not match the expected form {error.validator_value!r}"
     if v == "oneOf":
+        # Each alternative's own description says what it is; the whole's description is the fallback.
         descs = [s.get("description") for s in error.schema.get("oneOf", []) if isinstance(s, dict)]
-        hint = error.schema.get("description") or "; ".join(d for d in descs if d)
-        return f"{inst!r} is not valid here{': expected ' + hint if hint else ''}"
+        named = [d for d in descs if d]
+        hint = " or ".join(named) if len(named) == len(descs) else error.schema.get("description")
+        return f"{inst!r} is not allowed{'; allowed: ' + hint if hint else ''}"
     if v == "not":
         return "'command' and 'steps' are mutually exclusive; give one of them"
     return str(error.message)
@@ -110,8 +118,18 @@ def _as_list(value: object) -> Sequence[object]:
     return value if isinstance(value, list) else [value]
 
 
-def validate(data: object, schema_name: str, where: str, error: Callable[[str], Exception]) -> None:
-    """Validate `data` against a shipped schema; raise `error(message)` for the first (deepest) problem."""
+def validate(
+    data: object,
+    schema_name: str,
+    where: str,
+    error: Callable[[str], Exception],
+    label: Callable[[str], str] | None = None,
+) -> None:
+    """Validate `data` against a shipped schema; raise `error(message)` for the first (deepest) problem.
+
+    `label` renames the YAML path in the message (the CLI names its flag instead of the job file's key), and
+    an empty `where` leaves the file name out.
+    """
     import jsonschema  # light, but only needed here
 
     schema = load_schema(schema_name, pick_version(data, schema_name, where, error))
@@ -122,4 +140,6 @@ def validate(data: object, schema_name: str, where: str, error: Callable[[str], 
     if errors:
         first = errors[0]
         # oneOf reports its own children as context; the most specific child helps more when there is one.
-        raise error(f"{where}: {yaml_path(first.absolute_path)}: {_describe(first)}")
+        path = yaml_path(first.absolute_path)
+        prefix = f"{where}: " if where else ""
+        raise error(f"{prefix}{label(path) if label else path}: {_describe(first)}")

@@ -309,17 +309,27 @@ def test_random_strings_pbs_flux_round_trip_and_shellcheck(
         ("partition", "gpu\n"),
     ],
 )
-@pytest.mark.parametrize("profile", ["generic-slurm-gpu", "generic-lsf"])
-def test_newline_in_directive_values_is_refused(profile: str, field: str, value: str) -> None:
+@pytest.mark.parametrize(
+    ("profile", "prefix"),
+    [
+        ("generic-slurm-gpu", "#SBATCH"),
+        ("generic-lsf", "#BSUB"),
+        ("generic-pbs", "#PBS"),
+        ("generic-flux", "# flux:"),
+    ],
+)
+def test_newline_in_directive_values_is_refused(profile: str, prefix: str, field: str, value: str) -> None:
     job: dict[str, Any] = {"command": ("true",), field: value}
     with pytest.raises(
-        ConfigError, match=r"contains a (newline|carriage return); it would end the #SBATCH/#BSUB"
+        ConfigError, match=rf"contains a (newline|carriage return); it would end the {prefix} line"
     ):
         if field == "partition":
             from hpcring.schedulers import planner
 
             planner.check_values(
-                __import__("hpcring.schedulers.job", fromlist=["JobSpec"]).JobSpec(partition=value), None
+                __import__("hpcring.schedulers.job", fromlist=["JobSpec"]).JobSpec(partition=value),
+                None,
+                prefix,
             )
         else:
             make_plan(profile, **job)

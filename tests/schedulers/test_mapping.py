@@ -95,7 +95,7 @@ IMPOSSIBLE = [
         {"ranks_per_node": 16},
         "more GPUs than the node has: 16 ranks x 1 GPU(s) = 16 > 8 GPUs per node",
     ),
-    ("frontier", {"gpus_per_rank": 3, "ranks_per_node": 4}, "4 ranks x 3 GPU(s) = 12 > 8"),
+    ("frontier", {"gpus_per_rank": 4, "ranks_per_node": 4}, "4 ranks x 4 GPU(s) = 16 > 8"),
     (
         "frontier",
         {"cpus_per_rank": 8},
@@ -188,7 +188,7 @@ def test_cli_map_env_defaults_and_errors() -> None:
     res = cli("map", "--format", "json", env={"HPCRING_PROFILE": "generic-lsf", "HPCRING_NODES": "3"})
     assert len(json.loads(res.stdout)) == 6
     bad = cli("map", "--profile", "frontier", env={"HPCRING_NODES": "two"})
-    assert bad.returncode == 2 and "got 'two' (from the flag or HPCRING_NODES)" in bad.stderr
+    assert bad.returncode == 2 and "--nodes [HPCRING_NODES]: 'two' has the wrong type" in bad.stderr
     none = cli("map")
     assert none.returncode == 2 and "no profile given" in none.stderr and "Traceback" not in none.stderr
     shape = cli("map", "--profile", "frontier", "--ranks-per-node", "9")

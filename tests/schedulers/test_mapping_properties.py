@@ -123,7 +123,13 @@ def test_mapping_invariants(prof: Profile, data: st.DataObject) -> None:
     nodes = data.draw(st.integers(1, 3))
     job = JobSpec(nodes=nodes, ranks_per_node=rpn, gpus_per_rank=gpr, cpus_per_rank=cpr, threads_per_core=tpc)
     n_rpn = rpn if rpn is not None else mapping.default_ranks_per_node(node, gpr)
-    feasible = n_rpn * gpr <= len(node.gpus) and n_rpn <= usable and (cpr is None or cpr * n_rpn <= usable)
+    divides = gpr == 0 or len(node.gpus) % gpr == 0  # GPUs per rank must divide the node's GPUs
+    feasible = (
+        divides
+        and n_rpn * gpr <= len(node.gpus)
+        and n_rpn <= usable
+        and (cpr is None or cpr * n_rpn <= usable)
+    )
     try:
         rm = mapping.build(prof, job)
     except JobShapeError:

@@ -126,7 +126,7 @@ BAD = [
     ("node.sockets", "one", ["node.sockets", "'one' has the wrong type", "'integer'"]),
     ("node.cores", 64, ["(top level)" if False else "node", "unknown key 'cores'", "allowed keys:"]),
     ("site.smt", 4, ["site.smt", "4 exceeds node.threads_per_core (2)"]),
-    ("site.partitions[0].max_walltime", "12h", ["site.partitions[0].max_walltime", "'12h'", "expected"]),
+    ("site.partitions[0].max_walltime", "12h", ["site.partitions[0].max_walltime", "'12h'", "allowed"]),
     (
         "site.partitions[0].selector",
         "queue",

@@ -184,7 +184,8 @@ def test_lsf_queues_without_limits_stay_placeholders(tmp_path: Path) -> None:
 def test_this_machine(tmp_path: Path) -> None:
     """The real /sys of the machine running the tests (and whatever tools it has)."""
     out = tmp_path / "here.yaml"
-    res = cli("profiles", "init", "--name", "here", "-o", str(out))
+    # --scheduler: this machine may run no batch system, and init refuses to guess one.
+    res = cli("profiles", "init", "--name", "here", "--scheduler", "slurm", "-o", str(out))
     assert res.returncode == 0, res.stderr
     prof = profile.load(str(out))
     assert prof.node.cores * prof.node.threads_per_core == os.cpu_count()
@@ -194,14 +195,12 @@ def test_this_machine(tmp_path: Path) -> None:
 def test_stdout_env_and_bad_input(tmp_path: Path) -> None:
     root = s.sys_tree(tmp_path / "sys", sockets=1, cores_per_socket=2, threads=1, numa=["0-1"])
     rec = _record(tmp_path / "rec")
-    res = cli(
-        "profiles",
-        "init",
-        env={"HPCRING_SYSFS_ROOT": str(root), "HPCRING_INIT_FROM_DIR": str(rec), "HPCRING_INIT_NAME": "x1"},
-    )
+    env = {"HPCRING_SYSFS_ROOT": str(root), "HPCRING_INIT_FROM_DIR": str(rec), "HPCRING_INIT_NAME": "x1"}
+    res = cli("profiles", "init", env={**env, "HPCRING_INIT_SCHEDULER": "pbs"})
     assert res.returncode == 0, res.stderr
-    assert profile.parse(res.stdout, "stdout").name == "x1"
-    assert "# TODO scheduler: no Slurm, PBS, Flux or LSF command answered" in res.stdout
+    written = profile.parse(res.stdout, "stdout")
+    assert (written.name, written.site.scheduler, written.site.launcher) == ("x1", "pbs", "mpiexec")
+    assert "# Note: scheduler pbs given with --scheduler; no batch command answered here" in res.stdout
     taken = tmp_path / "taken.yaml"
     taken.write_text("keep me")
     for argv, message in (
@@ -209,7 +208,9 @@ def test_stdout_env_and_bad_input(tmp_path: Path) -> None:
         (("--from-dir", str(tmp_path / "none")), "--from-dir"),
         (("--sysfs-root", str(tmp_path / "nosys")), "--sysfs-root"),
     ):
-        bad = cli("profiles", "init", "--sysfs-root", str(root), "--from-dir", str(rec), *argv)
+        bad = cli(
+            "profiles", "init", "--sysfs-root", str(root), "--from-dir", str(rec), "--scheduler", "pbs", *argv
+        )
         assert bad.returncode == 2 and message in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
     assert taken.read_text() == "keep me"
     (tmp_path / "empty").mkdir()
@@ -218,6 +219,41 @@ def test_stdout_env_and_bad_input(tmp_path: Path) -> None:
 
 
 # --- parsers, one documented output each -------------------------------------------------------------------
+
+
+def test_no_batch_system_and_no_scheduler_is_refused(tmp_path: Path) -> None:
+    """Nothing answered and no --scheduler: init names what it looked for and the allowed schedulers instead
+    of writing a Slurm profile as if it had found Slurm; a bad --scheduler names the allowed ones."""
+    root = s.sys_tree(tmp_path / "sys", sockets=1, cores_per_socket=2, threads=1, numa=["0-1"])
+    rec = _record(tmp_path / "rec")
+    out = tmp_path / "site.yaml"
+    base = ("profiles", "init", "--sysfs-root", str(root), "--from-dir", str(rec), "-o", str(out))
+    res = cli(*base)
+    assert res.returncode == 2 and not out.exists(), res.stderr
+    line = res.stderr.strip()
+    assert "\n" not in line and "Traceback" not in line
+    for looked_for in ("scontrol/sinfo (Slurm)", "qstat (PBS)", "flux resource list (Flux)", "bqueues (LSF)"):
+        assert looked_for in line
+    assert "pass --scheduler" in line and "allowed: 'slurm', 'pbs', 'flux' or 'lsf'" in line
+    bad = cli(*base, "--scheduler", "sge")
+    assert bad.returncode == 2 and "--scheduler: 'sge' is not allowed; allowed: 'slurm'" in bad.stderr
+    for sched, launcher in (("slurm", "srun"), ("flux", "flux"), ("lsf", "mpirun")):
+        out.unlink(missing_ok=True)
+        path, data = _init(tmp_path, root, rec, "--scheduler", sched)
+        site = data["site"]
+        assert isinstance(site, dict) and (site["scheduler"], site["launcher"]) == (sched, launcher)
+        assert profile.load(str(path)).site.scheduler == sched
+
+
+def test_scheduler_flag_wins_over_the_one_found(tmp_path: Path) -> None:
+    """--scheduler pbs where Slurm answers: PBS is written, Slurm's partitions are left out, and a note says
+    so."""
+    root = s.sys_tree(tmp_path / "sys", sockets=1, cores_per_socket=2, threads=1, numa=["0-1"])
+    rec = _record(tmp_path / "rec", sinfo=s.SINFO)
+    path, data = _init(tmp_path, root, rec, "--scheduler", "pbs")
+    site = data["site"]
+    assert isinstance(site, dict) and (site["scheduler"], site["partitions"]) == ("pbs", [])
+    assert "# Note: scheduler pbs given with --scheduler; slurm answered here" in path.read_text()
 
 
 def test_nvidia_topo_parser() -> None:
@@ -248,7 +284,8 @@ def test_gpu_closest_cores_from_a_narrower_cpu_affinity(tmp_path: Path) -> None:
         "GPU0\t X \tNV4\t0-3,8-11\t0\t\tN/A\n"
         "GPU1\tNV4\t X \t0-7,8-15\t0\t\tN/A\n"
     )
-    path, data = _init(tmp_path, root, _record(tmp_path / "rec", nvidia_smi_topo=topo), "--name", "n")
+    rec = _record(tmp_path / "rec", nvidia_smi_topo=topo)
+    path, data = _init(tmp_path, root, rec, "--name", "n", "--scheduler", "slurm")
     assert data["node"]["gpus"] == [  # type: ignore[index]
         {"index": 0, "numa": 0, "closest_cores": "0-3"},
         {"index": 1, "numa": 0},

@@ -255,7 +255,7 @@ BAD_RENDERS = [
     ),
     (
         ["--profile", "frontier", "--account", "a", "--time", "soon", "--", "true"],
-        "--time: bad walltime 'soon'",
+        "--time [HPCRING_TIME]: 'soon' is not allowed; allowed: a whole number of minutes",
     ),
     (
         ["--profile", "generic-lsf", "--job-name", "a\n#BSUB -q vip", "--", "true"],

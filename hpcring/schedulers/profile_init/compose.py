@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from hpcring.errors import ProfileError
+from hpcring.errors import ProfileError, choices
 from hpcring.schedulers import cpuset, walltime
 from hpcring.schedulers.profile_init import (
     flux_facts,
@@ -186,20 +186,54 @@ def batch_facts(out: Outputs, sources: list[str]) -> BatchFacts | None:
     return None
 
 
-def site_section(batch: BatchFacts | None, draft: Draft) -> None:
-    sched = batch.scheduler if batch else "slurm"
-    site: dict[str, Any] = {"scheduler": sched, "launcher": LAUNCHER[sched]}
-    if batch is None:
-        draft.todo_site.append(
-            "scheduler: no Slurm, PBS, Flux or LSF command answered; slurm is a placeholder"
+# What `batch_facts` looks for, by scheduler: named when none answers.
+LOOKED_FOR = {
+    "slurm": "scontrol/sinfo (Slurm)",
+    "pbs": "qstat (PBS)",
+    "flux": "flux resource list (Flux)",
+    "lsf": "bqueues (LSF)",
+}
+
+
+def chosen_batch(found: BatchFacts | None, asked: str | None, draft: Draft) -> BatchFacts:
+    """The batch system the profile names: the one asked for (`--scheduler`), else the one found.
+
+    With neither, a guess would write `srun` jobs for a cluster that may run PBS, so init refuses, naming what
+    it looked for and the schedulers allowed. Asked for one other than the one found, the asked one wins and
+    the found one's queues are left out (they belong to the other system).
+    """
+    if asked is not None and asked not in LAUNCHER:
+        raise ProfileError(f"--scheduler: {asked!r} is not allowed; allowed: {choices(list(LAUNCHER))}")
+    if asked is None:
+        if found is None:
+            raise ProfileError(
+                "profiles init: no batch system answered (looked for "
+                + ", ".join(LOOKED_FOR.values())
+                + "); run it where the batch commands work, or pass --scheduler (or HPCRING_INIT_SCHEDULER); "
+                f"allowed: {choices(list(LAUNCHER))}"
+            )
+        return found
+    if found is None:
+        draft.notes.append(f"scheduler {asked} given with --scheduler; no batch command answered here")
+        return BatchFacts(asked)
+    if found.scheduler != asked:
+        draft.notes.append(
+            f"scheduler {asked} given with --scheduler; {found.scheduler} answered here, its queues left out"
         )
+        return BatchFacts(asked)
+    return found
+
+
+def site_section(batch: BatchFacts, draft: Draft) -> None:
+    sched = batch.scheduler
+    site: dict[str, Any] = {"scheduler": sched, "launcher": LAUNCHER[sched]}
     draft.todo_site.append(
         "mpi: the MPI your jobs use (openmpi, mpich, cray-mpich, intel-mpi, spectrum-mpi); default openmpi"
     )
     draft.todo_site.append("account_required: true where every job must name an account (-A / --account)")
     draft.todo_site.append("container: {runtime: apptainer} (or singularity) to run jobs in images")
     partitions = []
-    for q in batch.queues if batch else ():
+    for q in batch.queues:
         if q.max_walltime_s is None:
             draft.todo_partitions.append(
                 f"- {{name: {q.name}, max_walltime: ...}}  # no time limit reported; give the site's"
@@ -216,15 +250,16 @@ def site_section(batch: BatchFacts | None, draft: Draft) -> None:
         for p in partitions[1:]:
             p.pop("default", None)
     site["partitions"] = partitions
-    if batch and batch.slurm_mpi:
+    if batch.slurm_mpi:
         site["slurm"] = {"mpi": batch.slurm_mpi}
-    if batch:
-        draft.notes.extend(batch.notes)
+    draft.notes.extend(batch.notes)
     draft.site = site
 
 
-def compose(files: sysfs.Files, out: Outputs, name: str | None, hostname: str) -> Draft:
-    """The draft profile from /sys files and tool outputs."""
+def compose(
+    files: sysfs.Files, out: Outputs, name: str | None, hostname: str, scheduler: str | None = None
+) -> Draft:
+    """The draft profile from /sys files and tool outputs (`scheduler`: what --scheduler asked for)."""
     draft = Draft(name="", sources=[], node={}, site={})
     facts = cpu_facts(files, out, draft.notes, draft.sources)
     gpus, attached, vendor = gpu_facts(out, draft.sources)
@@ -232,8 +267,7 @@ def compose(files: sysfs.Files, out: Outputs, name: str | None, hostname: str) -
     if sys_nics:
         draft.sources.append("/sys/class (NICs)")
     node_section(facts, gpus, vendor, merge_nics(sys_nics, attached), interconnect, draft)
-    batch = batch_facts(out, draft.sources)
-    site_section(batch, draft)
+    site_section(chosen_batch(batch_facts(out, draft.sources), scheduler, draft), draft)
     cluster = next((n.split("=", 1)[1] for n in draft.notes if n.startswith("Slurm ClusterName=")), None)
     draft.name = clean_name(name or cluster or re.sub(r"\d+$", "", hostname.split(".")[0]))
     return draft
