@@ -71,8 +71,8 @@ def check_name(name: str, workers: int) -> None:
     if not _NAME.match(name) or longest > _MAX_LABEL:
         room = _MAX_LABEL - len(f"-worker-{workers - 1}")
         raise ConfigError(
-            f"job name {name!r} cannot name an MPIJob: use --name with lowercase letters, digits and '-', "
-            f"starting with a letter and ending with a letter or digit, at most {room} characters"
+            f"job name {name!r} cannot name an MPIJob: use --job-name with lowercase letters, digits and "
+            f"'-', starting with a letter and ending with a letter or digit, at most {room} characters"
         )
 
 
@@ -82,8 +82,8 @@ def _refuse_batch_only(job: JobSpec, rm: RankMap) -> None:
     unsupported = (
         ("--account", job.account, "Kubernetes has no accounts; quotas are per namespace"),
         ("--partition", job.partition, "choose nodes with site.kubernetes.node_selector"),
-        ("--output", job.output, "the launcher's output is `kubectl logs`"),
-        ("--error", job.error, "the launcher's output is `kubectl logs`"),
+        ("--job-output", job.output, "the launcher's output is `kubectl logs`"),
+        ("--job-error", job.error, "the launcher's output is `kubectl logs`"),
         ("--bind", job.binds, "mount volumes in the pods instead"),
         (
             "--module",

@@ -244,7 +244,7 @@ REFUSED = [
     ({"image": None}, "no container image: pass --image"),
     ({"name": "My Job"}, "cannot name an MPIJob"),
     ({"name": "a" * 60, "nodes": 2}, "at most 54 characters"),
-    ({"output": "/x/out"}, "--output: not supported with kubernetes"),
+    ({"output": "/x/out"}, "--job-output: not supported with kubernetes"),
     ({"partition": "gpu"}, "--partition: not supported with kubernetes"),
     ({"account": "acct"}, "--account: not supported with kubernetes"),
     ({"modules": ("cuda",)}, "--module: not supported with kubernetes"),
