@@ -321,3 +321,18 @@ def test_render_cli_writes_the_manifest(tmp_path: Path, capsys: pytest.CaptureFi
     assert main(["render", "--profile", PROFILE, "--nodes", "2", "--", "python", "t.py"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no container image" in err[0]
+
+
+@pytest.mark.parametrize(
+    ("vendor", "resource", "variable"),
+    [("amd", "amd.com/gpu", "ROCR_VISIBLE_DEVICES"), ("nvidia", "nvidia.com/gpu", "CUDA_VISIBLE_DEVICES")],
+)
+def test_gpu_resource_and_visibility_follow_the_vendor(vendor: str, resource: str, variable: str) -> None:
+    """Without site.kubernetes.gpu_resource, the vendor's usual device-plugin resource is asked for."""
+    text = profile.source_of(PROFILE)[1].replace("gpu_vendor: nvidia", f"gpu_vendor: {vendor}")
+    text = text.replace("    gpu_resource: nvidia.com/gpu\n", "")
+    obj = manifest(plan(profile.parse(text, "p.yaml"), nodes=2))
+    assert kubernetes_crd.errors(obj) == []
+    assert containers(obj, "Worker")[0]["resources"]["limits"][resource] == 8
+    wrapper = containers(obj, "Launcher")[0]["command"]
+    assert any(f'export {variable}="$$devices"' in word for word in wrapper)
