@@ -119,7 +119,7 @@ def _list() -> int:
             print(f"{name:<20} this machine, detected (/sys, lscpu, nvidia-smi)")
             continue
         p = profile.load(name)
-        print(f"{name:<20} {p.site.scheduler:<6} {p.site.launcher:<7} {p.description}")
+        print(f"{name:<20} {p.site.scheduler:<10} {p.site.launcher:<7} {p.description}")
     return 0
 
 

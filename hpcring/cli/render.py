@@ -1,4 +1,5 @@
-"""`hpcring render`: print (or write with -o) the Slurm/LSF/PBS/Flux job script for a profile and a job."""
+"""`hpcring render`: print (or write with -o) the Slurm/LSF/PBS/Flux job script, or the Kubernetes MPIJob
+manifest, for a profile and a job."""
 
 from __future__ import annotations
 
@@ -32,6 +33,10 @@ def prepare(args: argparse.Namespace, out: Path | None) -> tuple[object, str]:
     prof = job_flags.load_profile(args)
     job = job_flags.job_from_args(args)
     rm = mapping.build(prof, job)
+    if prof.site.scheduler == "kubernetes":  # an MPIJob manifest, not a batch script
+        from hpcring.cli import kubernetes
+
+        return kubernetes.prepare(args, rm, job)
     if out is not None and not args.inline_files:
         opts = plan.RenderOptions(files_dir=str(out.resolve().parent), basename=out.stem)
     else:
@@ -47,9 +52,13 @@ def main(args: argparse.Namespace) -> int:
 
     out = Path(args.out) if args.out else None
     p, text = prepare(args, out)
-    assert isinstance(p, Plan)
     if out is None:
         print(text, end="")
+        return 0
+    if not isinstance(p, Plan):  # a Kubernetes manifest: one file, nothing next to it
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text, "utf-8")
+        print(f"wrote {out}")
         return 0
     write_script(text, [(f.path, f.content) for f in p.files if f.path], out)
     print(f"wrote {out}" + "".join(f" and {f.path}" for f in p.files if f.path))

@@ -1,4 +1,5 @@
-"""`hpcring submit`: render the job script, submit it with sbatch/bsub/qsub/flux batch, print the job id;
+"""`hpcring submit`: render the job script, submit it with sbatch/bsub/qsub/flux batch (an MPIJob: kubectl
+apply), print the job id;
 `--wait` returns the job's exit code; `--dry-run` shows the script, its files and the submit command without
 submitting."""
 
@@ -81,6 +82,10 @@ def main(args: argparse.Namespace) -> int:
     check_wait_flags(args)
     job = job_flags.job_from_args(args)
     path = _script_path(args, job.name).absolute()
+    if job_flags.load_profile(args).site.scheduler == "kubernetes":
+        from hpcring.cli import kubernetes
+
+        return kubernetes.submit(args, path if args.out else path.with_suffix(".yaml"))
     p, text = prepare(args, path)
     assert isinstance(p, Plan)
     argv = [*p.submit_argv, str(path)]

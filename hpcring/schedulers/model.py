@@ -16,7 +16,7 @@ ThreadNumbering = Literal["compact", "scatter"]
 INTERCONNECTS: tuple[str, ...] = ("infiniband", "roce", "slingshot", "ethernet")
 VISIBILITIES: tuple[str, ...] = ("isolated", "shared")
 THREAD_NUMBERINGS: tuple[str, ...] = ("compact", "scatter")
-SCHEDULERS: tuple[str, ...] = ("slurm", "lsf", "pbs", "flux")
+SCHEDULERS: tuple[str, ...] = ("slurm", "lsf", "pbs", "flux", "kubernetes")
 LAUNCHERS: tuple[str, ...] = ("srun", "jsrun", "mpirun", "mpiexec", "flux")
 # Which launchers can start ranks under which scheduler: mpirun wherever Open MPI has a plugin for the
 # scheduler's own start-up (Slurm, LSF, PBS TM); Flux starts MPI jobs through `flux run` and its PMI.
@@ -25,6 +25,8 @@ LAUNCHERS_OF: dict[str, tuple[str, ...]] = {
     "lsf": ("jsrun", "mpirun"),
     "pbs": ("mpiexec", "mpirun"),
     "flux": ("flux",),
+    # Kubernetes: the MPI Operator's launcher pod runs mpirun (Open MPI, MPICH or Intel MPI) over its workers.
+    "kubernetes": ("mpirun",),
 }
 RUNTIMES: tuple[str, ...] = ("singularity", "apptainer")
 GPU_VENDORS: tuple[str, ...] = ("nvidia", "amd", "intel")
@@ -236,6 +238,25 @@ class FluxOptions:
 
 
 @dataclass(frozen=True)
+class KubernetesOptions:
+    """Kubernetes specifics (`site.kubernetes`): what the MPIJob's pods ask the cluster for."""
+
+    namespace: str | None = None
+    image: str | None = None  # default container image (`--image` overrides)
+    gpu_resource: str | None = None  # device-plugin resource name; None: the vendor's usual one
+    rdma_resources: tuple[tuple[str, int], ...] = ()  # device-plugin resources per worker pod
+    shm_size: str | None = None  # sizeLimit of the memory-backed /dev/shm
+    capabilities: tuple[str, ...] = ()  # added to the containers (IPC_LOCK for RDMA memory registration)
+    ssh_auth_mount_path: str = "/root/.ssh"
+    clean_pod_policy: str = "Running"
+    backoff_limit: int | None = None
+    ttl_seconds_after_finished: int | None = None
+    node_selector: tuple[tuple[str, str], ...] = ()
+    service_account: str | None = None
+    image_pull_secrets: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Site:
     """Everything about a site that is not the node: scheduler, launcher, limits, software environment."""
 
@@ -255,6 +276,7 @@ class Site:
     lsf: LsfOptions = field(default_factory=LsfOptions)
     pbs: PbsOptions = field(default_factory=PbsOptions)
     flux: FluxOptions = field(default_factory=FluxOptions)
+    kubernetes: KubernetesOptions = field(default_factory=KubernetesOptions)
     # With no container: why (the site's documentation, cited), so that --image is refused with the reason.
     no_container_reason: str | None = None
 

@@ -75,6 +75,10 @@ def build(
             "'account:' in the job file)"
         )
     sched = registry.scheduler(site.scheduler)
+    if not sched.template:
+        raise ConfigError(
+            f"profile {profile.name!r} ({sched.name}) has no job script: its jobs are rendered as manifests"
+        )
     check_values(job, account, sched.directive_prefix)
     launch = registry.launcher(launcher_name or site.launcher)
     if launch.name not in LAUNCHERS_OF.get(sched.name, (launch.name,)):

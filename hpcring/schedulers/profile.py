@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from hpcring.errors import ProfileError, choices
-from hpcring.schedulers import containers, cpuset, site_options, textfile, walltime
+from hpcring.schedulers import containers, cpuset, kubernetes_options, site_options, textfile, walltime
 from hpcring.schedulers.model import (
     LAUNCHERS_OF,
     Gpu,
@@ -256,7 +256,7 @@ def _site(d: Mapping[str, Any], node: Node, where: str) -> Site:
     if container is not None and d.get("no_container_reason"):
         raise err("no_container_reason", "given, but site.container configures a runtime; drop one of them")
     s, lsf = d.get("slurm", {}), d.get("lsf", {})
-    for section in ("slurm", "lsf", "pbs", "flux"):
+    for section in ("slurm", "lsf", "pbs", "flux", "kubernetes"):
         if section in d and d[section] and sched != section:
             raise err(section, f"{section} options given but the scheduler is {sched!r}")
     if s.get("core_spec", 0) > node.cores:
@@ -291,6 +291,7 @@ def _site(d: Mapping[str, Any], node: Node, where: str) -> Site:
         ),
         pbs=site_options.pbs(d.get("pbs") or {}, d.get("mpi", "openmpi"), where),
         flux=site_options.flux(d.get("flux") or {}, where),
+        kubernetes=kubernetes_options.parse(d, where),
     )
 
 

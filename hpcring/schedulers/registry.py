@@ -8,6 +8,7 @@ from typing import TypeVar
 from hpcring.errors import ConfigError, choices
 from hpcring.schedulers.flux_batch import Flux
 from hpcring.schedulers.interfaces import Launcher, Scheduler
+from hpcring.schedulers.kubernetes_batch import Kubernetes
 from hpcring.schedulers.launchers.flux_run import FluxRun
 from hpcring.schedulers.launchers.jsrun import Jsrun
 from hpcring.schedulers.launchers.mpiexec import Mpiexec
@@ -17,7 +18,7 @@ from hpcring.schedulers.lsf_batch import Lsf
 from hpcring.schedulers.pbs_batch import Pbs
 from hpcring.schedulers.slurm_batch import Slurm
 
-SCHEDULERS: Mapping[str, type[Scheduler]] = {c.name: c for c in (Slurm, Lsf, Pbs, Flux)}
+SCHEDULERS: Mapping[str, type[Scheduler]] = {c.name: c for c in (Slurm, Lsf, Pbs, Flux, Kubernetes)}
 LAUNCHERS: Mapping[str, type[Launcher]] = {c.name: c for c in (Srun, Jsrun, Mpirun, Mpiexec, FluxRun)}
 
 _T = TypeVar("_T")

@@ -348,6 +348,8 @@ def _hostile_scripts(tmp: Path) -> list[Path]:
     scripts = []
     for name in profile.builtin_names():
         prof = profile.load(name)
+        if prof.site.scheduler == "kubernetes":  # a manifest, not a script: test_kubernetes_injection.py
+            continue
         for i, raw in enumerate(NASTY):
             payload = raw.replace("{canary}", str(tmp / "canary"))
             line = " ".join(payload.splitlines())
@@ -395,6 +397,8 @@ def test_every_launcher_shellcheck_clean_with_hostile_fields(tmp_path: Path) -> 
     scripts = []
     for name in profile.builtin_names():
         prof = profile.load(name)
+        if prof.site.scheduler == "kubernetes":  # a manifest, not a script: test_kubernetes_injection.py
+            continue
         containers = (False, True) if prof.site.container is not None else (False,)
         for launcher in LAUNCHERS_OF[prof.site.scheduler]:
             for i, payload in enumerate(payloads):

@@ -23,6 +23,7 @@ BUILTIN = [
     "generic-lsf",
     "generic-pbs",
     "generic-flux",
+    "generic-k8s-gpu",
     "lumi-g",
     "lumi-c",
     "polaris",

@@ -87,7 +87,7 @@ def test_v1_profile_keeps_v1_schema() -> None:
 
 
 def test_v2_unknown_scheduler_lists_the_v2_choices() -> None:
-    with pytest.raises(ProfileError, match=r"'slurm', 'lsf', 'pbs' or 'flux'"):
+    with pytest.raises(ProfileError, match=r"'slurm', 'lsf', 'pbs', 'flux' or 'kubernetes'"):
         profile.parse(yaml.safe_dump(_v2("sge", "srun")), "v2.yaml")
 
 

@@ -50,15 +50,18 @@ def per_local_rank(rm: RankMap) -> list[str]:
     return [table[i] for i in sorted(table)]
 
 
-def script(rm: RankMap) -> str:
-    """The wrapper's text: `bash WRAPPER command...` sets the rank's devices and execs the command."""
+def script(rm: RankMap, local_rank_vars: tuple[str, ...] = LOCAL_RANK_VARS) -> str:
+    """The wrapper's text: `bash WRAPPER command...` sets the rank's devices and execs the command.
+
+    `local_rank_vars`: where the local rank is read from, first set wins (Kubernetes' mpirun adds Open MPI's).
+    """
     vendor = rm.profile.node.gpu_vendor
     if vendor not in VISIBLE_DEVICES:
         raise ConfigError(
             f"no GPU visibility variable known for gpu_vendor {vendor!r}; known: {', '.join(VISIBLE_DEVICES)}"
         )
     var = VISIBLE_DEVICES[vendor]
-    lookup = "${" + ":-${".join(LOCAL_RANK_VARS) + ":-" + "}" * len(LOCAL_RANK_VARS)
+    lookup = "${" + ":-${".join(local_rank_vars) + ":-" + "}" * len(local_rank_vars)
     lines = [
         "#!/bin/bash",
         f"# hpcring GPU selection for mpiexec ranks, profile {' '.join(rm.profile.name.splitlines())}: "
@@ -71,7 +74,7 @@ def script(rm: RankMap) -> str:
     for i, dev in enumerate(per_local_rank(rm)):
         lines.append(f"  {i}) devices={quote(dev)} ;;")
     missing = quote(
-        "hpcring: no GPU for this rank: the local rank (" + ", ".join(LOCAL_RANK_VARS) + ") is unset or "
+        "hpcring: no GPU for this rank: the local rank (" + ", ".join(local_rank_vars) + ") is unset or "
         "beyond the mapping's ranks per node:"
     )
     lines += [
