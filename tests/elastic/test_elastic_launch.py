@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -19,8 +20,6 @@ from pathlib import Path
 import pytest
 import torch
 from support import ROOT
-
-from hpcring.contracts import elastic as contract
 
 PROGRAM = str(Path(__file__).with_name("train_program.py"))
 BROKEN = str(Path(__file__).with_name("broken_program.py"))
@@ -135,27 +134,25 @@ def test_a_killed_rank_shrinks_the_world_and_training_matches_the_same_schedule(
         assert torch.equal(got[name], want[name]), name
 
 
-def test_a_frozen_rank_times_out_and_the_world_is_relaunched_from_the_last_commit(tmp_path: Path) -> None:
-    """SIGSTOP of rank 1 after step 5 (last commit: step 4): rank 0's collective times out
-    (HPCRING_COLLECTIVE_TIMEOUT=3), it names rank 1 and its host and exits with the reset status, the driver
-    ends the frozen rank and relaunches the same hosts from step 4 (no host is blacklisted: a survivor cannot
-    prove which one is at fault), and training finishes."""
+def test_a_frozen_rank_is_ended_its_host_dropped_and_training_goes_on(tmp_path: Path) -> None:
+    """SIGSTOP of rank 1 after step 5 (last commit: step 4), collective timeout 3 s: its wrapper ends it at
+    half the timeout, before any survivor's watchdog fires, and names it; the driver takes it for a lost
+    host (blacklisted, as a cut-off node is: issue 27) and re-forms the world on the two hosts left from
+    step 4, and training finishes."""
     final = tmp_path / "frozen.pt"
     res = launch(
-        ["-H", hosts(2), "--min-np", "2", "--reset-limit", "1"],
+        ["-H", hosts(3), "--min-np", "2", "--reset-limit", "1"],
         ["--kill-rank", "1", "--kill-step", "5", "--freeze", "--out", str(final)],
         env={"HPCRING_COLLECTIVE_TIMEOUT": "3"},
     )
     out, err = res.stdout, res.stderr
     assert res.returncode == 0, err[-3000:]
     worlds = {(int(g), int(s), int(step)) for _, g, s, step, _, _ in matches(WORLD, out)}
-    assert worlds == {(0, 2, 0), (1, 2, 4)}, worlds
-    timeout_lines = [line for line in err.splitlines() if "hpcring: collective timeout on rank 0" in line]
-    assert timeout_lines, err[-3000:]
-    assert "(host 127.0.0.1)" in timeout_lines[0]
-    assert "Not heard from: rank(s) 1 (host 127.0.0.2)" in timeout_lines[0], timeout_lines[0]
-    assert f"exit status {contract.RESET_EXIT_CODE}" in timeout_lines[0]
-    assert "blacklisted" not in err
+    assert worlds == {(0, 3, 0), (1, 2, 4)}, worlds
+    assert "rank 1 on vm was stopped (SIGSTOP) for 1.5 s".replace("vm", socket.gethostname()) in err, err[
+        -3000:
+    ]
+    assert "host 127.0.0.2 (rank 1" in err and "blacklisted" in err, err[-3000:]
     ends = matches(END, out)
     assert len(ends) == 2 and len({e[4] for e in ends}) == 1
     no_orphans(str(final))
