@@ -195,7 +195,9 @@ class SlurmOptions:
 
     core_spec: int | None = None
     constraint: str | None = None
-    gpu_bind: str = "map"  # "map": map_gpu/mask_gpu from the mapping; "closest": Slurm picks; "none"
+    # "map": map_gpu/mask_gpu from the mapping; "closest": Slurm picks; "none"; "wrapper": --gpus-per-node
+    # and the per-rank wrapper sets the visibility variable from SLURM_LOCALID (LUMI's select_gpu).
+    gpu_bind: str = "map"
     mpi: str | None = None  # srun --mpi=...
     exclusive: bool = False
     extra_directives: tuple[str, ...] = ()

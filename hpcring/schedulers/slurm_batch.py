@@ -5,7 +5,7 @@ from __future__ import annotations
 from hpcring.schedulers import walltime
 from hpcring.schedulers.interfaces import Scheduler
 from hpcring.schedulers.job import JobSpec
-from hpcring.schedulers.launchers.srun import task_flags
+from hpcring.schedulers.launchers.srun import task_flags, uses_wrapper
 from hpcring.schedulers.mapping import RankMap
 from hpcring.schedulers.plan import Directive
 from hpcring.schedulers.shell import Raw, check_line_safe
@@ -28,7 +28,7 @@ class Slurm(Scheduler):
         out = [Directive("--job-name", job.name)]
         out += [_flag(f) for f in task_flags(rm)]
         if shape.gpus_per_rank:
-            if node.gpu_visibility == "shared":
+            if node.gpu_visibility == "shared" or uses_wrapper(rm):
                 out.append(Directive("--gpus-per-node", str(shape.gpus_per_rank * shape.max_ranks_per_node)))
             else:
                 out.append(Directive("--gpus-per-task", str(shape.gpus_per_rank)))

@@ -25,7 +25,7 @@ WRAPPER_REF = "# golden: the wrapper in "
 _WRAPPER = re.compile(
     r"""^(cat > "\$\{HPCRING_AFFINITY\}" <<'HPCRING_EOF'\n)(.*?)^(HPCRING_EOF\n)""", re.M | re.S
 )
-_WRAPPER_PROFILE = re.compile(r"^# hpcring GPU selection for mpiexec ranks, profile (\S+):", re.M)
+_WRAPPER_PROFILE = re.compile(r"^# hpcring GPU selection for (?:mpiexec|srun) ranks, profile (\S+):", re.M)
 SHELLCHECK = shutil.which("shellcheck", path=str(Path(sys.executable).parent)) or shutil.which("shellcheck")
 
 

@@ -283,16 +283,18 @@ def test_exit_status_to_exit_code(status: int, code: int) -> None:
 
 
 def test_tiles_select_gpu_tile_pairs(tmp_path: Path) -> None:
-    """Where the RankMap gives GPU tiles (Aurora's Intel Max), each rank's wrapper entry is `gpu.tile` in
-    ZE_AFFINITY_MASK, and a chunk that asks for GPUs asks for the physical ones (Aurora itself asks for
-    whole nodes by `system=aurora`, as ALCF documents)."""
+    """Where the RankMap gives GPU tiles (Aurora's Intel Max), the wrapper sets FLAT mode and each rank's
+    entry is its tiles' FLAT device numbers (2 * gpu + tile) in ZE_AFFINITY_MASK, and a chunk that asks for
+    GPUs asks for the physical ones (Aurora itself asks for whole nodes by `system=aurora`, as ALCF
+    documents)."""
     p = make_plan("aurora", nodes=1, account="a", command=("true",))
     rm = mapping.build(profile.load("aurora"), JobSpec(nodes=1, account="a", steps=(Step(("true",)),)))
     content = p.files[0].content
     assert 'export ZE_AFFINITY_MASK="$devices"' in content
     for slot in rm.slots(0):
-        tiles = ",".join(f"{d}.{t}" for d, t in slot.tiles)
-        assert f"  {slot.local_rank}) devices={tiles} ;;" in content
+        flat = ",".join(str(2 * d + t) for d, t in slot.tiles)
+        assert f"  {slot.local_rank}) devices={flat} ;;" in content
+    assert "export ZE_FLAT_DEVICE_HIERARCHY=FLAT" in content.splitlines()
     devices = {g.device for g in profile.load("aurora").node.gpus}
     path = derived_profile(tmp_path, "aurora", pbs={"filesystems": ["flare"]})
     p = make_plan(path, nodes=1, account="a", command=("true",))

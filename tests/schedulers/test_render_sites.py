@@ -96,9 +96,10 @@ def test_lumi_g_binding_is_the_documented_one() -> None:
 
 
 def test_aurora_ranks_see_their_tile() -> None:
-    """Each local rank's ZE_AFFINITY_MASK is its tile, and mpiexec binds the documented core list."""
+    """Each local rank's ZE_AFFINITY_MASK is its tile as a FLAT device (tile 0.1 is device 1, 5.1 is 11),
+    and mpiexec binds the documented core list."""
     text = _render("aurora-pbs")
-    assert "  1) devices=0.1 ;;" in text and "  11) devices=5.1 ;;" in text
+    assert "  1) devices=1 ;;" in text and "  11) devices=11 ;;" in text
     assert "list:1-8:9-16:17-24:25-32:33-40:41-48:53-60:61-68:69-76:77-84:85-92:93-100" in text
 
 

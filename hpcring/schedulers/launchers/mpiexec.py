@@ -15,7 +15,7 @@ from hpcring.schedulers.interfaces import Launcher
 from hpcring.schedulers.launchers import mpiexec_affinity
 from hpcring.schedulers.mapping import RankMap
 
-AFFINITY = "affinity"  # suffix of the wrapper file (and of its variable, HPCRING_AFFINITY)
+AFFINITY = mpiexec_affinity.SUFFIX  # suffix of the wrapper file (and of its variable, HPCRING_AFFINITY)
 
 
 def flavour(rm: RankMap) -> str:

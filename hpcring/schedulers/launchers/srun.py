@@ -1,5 +1,7 @@
 """srun: Slurm's launcher. Binding comes from the mapping as per-local-task lists (`map_cpu`/`mask_cpu`,
-`map_gpu`/`mask_gpu`), or `--gpu-bind=closest` where the site documents it (Frontier)."""
+`map_gpu`/`mask_gpu`), `--gpu-bind=closest` where the site documents it (Frontier), or, with `gpu_bind:
+wrapper` (LUMI-G), every GPU of the node requested per node and each rank started through the per-rank
+wrapper that sets the vendor's visibility variable from SLURM_LOCALID, as LUMI's `select_gpu` does."""
 
 from __future__ import annotations
 
@@ -7,7 +9,10 @@ from collections.abc import Sequence
 
 from hpcring.schedulers import cpuset
 from hpcring.schedulers.interfaces import Launcher
+from hpcring.schedulers.launchers import mpiexec_affinity
 from hpcring.schedulers.mapping import RankMap
+
+AFFINITY = mpiexec_affinity.SUFFIX  # the wrapper file's suffix (its variable: HPCRING_AFFINITY)
 
 
 def cpu_bind(rm: RankMap) -> str:
@@ -27,6 +32,9 @@ def gpu_flags(rm: RankMap) -> list[str]:
         return []
     if node.gpu_visibility == "shared":
         return [f"--gpus-per-node={shape.gpus_per_rank * shape.max_ranks_per_node}", "--gpu-bind=none"]
+    if uses_wrapper(rm):
+        # No Slurm GPU binding: every GPU stays in each task's cgroup; the wrapper picks the rank's own.
+        return [f"--gpus-per-node={shape.gpus_per_rank * shape.max_ranks_per_node}"]
     flags = [f"--gpus-per-task={shape.gpus_per_rank}"]
     style = site.slurm.gpu_bind
     if style == "closest":
@@ -38,6 +46,16 @@ def gpu_flags(rm: RankMap) -> list[str]:
     else:
         flags.append("--gpu-bind=mask_gpu:" + ",".join(cpuset.mask(s.gpu_sched) for s in rm.slots(0)))
     return flags
+
+
+def uses_wrapper(rm: RankMap) -> bool:
+    """Ranks start through the per-rank GPU wrapper (`gpu_bind: wrapper`, GPUs in use, isolated)."""
+    return rm.profile.site.slurm.gpu_bind == "wrapper" and mpiexec_affinity.needed(rm)
+
+
+def wrapper_script(rm: RankMap) -> str:
+    """The per-rank wrapper under srun: the local rank from SLURM_LOCALID, as LUMI's select_gpu reads it."""
+    return mpiexec_affinity.script(rm, mpiexec_affinity.SLURM_LOCAL_RANK_VARS, "srun")
 
 
 def task_flags(rm: RankMap) -> list[str]:
@@ -54,6 +72,10 @@ def task_flags(rm: RankMap) -> list[str]:
 
 class Srun(Launcher):
     name = "srun"
+    node_files = frozenset({AFFINITY})
+
+    def files(self, rm: RankMap) -> dict[str, str]:
+        return {AFFINITY: wrapper_script(rm)} if uses_wrapper(rm) else {}
 
     def flags(self, rm: RankMap) -> list[str]:
         """Every srun flag for this mapping (the rank command follows them)."""
@@ -64,7 +86,9 @@ class Srun(Launcher):
         return flags
 
     def argv(self, rm: RankMap, command: Sequence[str], paths: dict[str, str]) -> list[str]:
-        return ["srun", *self.flags(rm), *command]
+        wrapper = ["bash", paths[AFFINITY]] if AFFINITY in paths else []
+        return ["srun", *self.flags(rm), *wrapper, *command]
 
     def map_text(self, rm: RankMap, paths: dict[str, str]) -> str:
-        return " ".join(["srun", *self.flags(rm)]) + "\n"
+        text = " ".join(["srun", *self.flags(rm)]) + "\n"
+        return text + wrapper_script(rm) if uses_wrapper(rm) else text
