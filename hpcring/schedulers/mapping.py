@@ -253,6 +253,11 @@ def _partition(profile: Profile, job: JobSpec) -> Partition | None:
             f"{job.nodes} nodes exceed the {part.max_nodes}-node limit of {part.selector} {part.name!r} "
             f"on {profile.name!r}"
         )
+    if part is not None and job.nodes < part.min_nodes:
+        raise JobShapeError(
+            f"{job.nodes} node(s) are below the {part.min_nodes}-node minimum of {part.selector} "
+            f"{part.name!r} on {profile.name!r}"
+        )
     return part
 
 

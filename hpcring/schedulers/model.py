@@ -124,6 +124,7 @@ class Partition:
     max_walltime_s: int
     max_nodes: int | None = None
     default: bool = False
+    min_nodes: int = 1  # the site's documented minimum job size for the queue
     selector: str = "partition"  # slurm: "partition" or "qos"; lsf: always the queue (-q)
     # (max_nodes, max_walltime_s) bins, smallest first: a job of n nodes gets the first bin with n <=
     # max_nodes.

@@ -317,10 +317,16 @@ def _partition(p: Mapping[str, Any], i: int, sched: str, where: str) -> Partitio
         )
     if [b[0] for b in bins] != sorted(b[0] for b in bins):
         raise ProfileError(f"{where}: {path}.walltime_bins: bins must be sorted by max_nodes, smallest first")
+    min_nodes = p.get("min_nodes", 1)
+    if p.get("max_nodes") is not None and min_nodes > p["max_nodes"]:
+        raise ProfileError(
+            f"{where}: {path}.min_nodes: {min_nodes} is above max_nodes {p['max_nodes']}; no job could fit"
+        )
     return Partition(
         name=p["name"],
         max_walltime_s=_wall(p["max_walltime"], f"{path}.max_walltime", where),
         max_nodes=p.get("max_nodes"),
+        min_nodes=min_nodes,
         default=p.get("default", False),
         selector=selector,
         walltime_bins=tuple(bins),
