@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hpcring.errors import ConfigError, ProfileError, choices
+from hpcring.schedulers import container_engine
 from hpcring.schedulers.model import ABI_OF_SITE_MPI, RUNTIMES, Container, HostMpi, Profile
 from hpcring.schedulers.shell import Raw, quote
 
@@ -54,6 +55,10 @@ class ContainerPlan:
     model: str = "hybrid"  # "hybrid": the image's MPI; "bind": the host's MPI library replaces it
     module_paths: tuple[str, ...] = ()  # `module use`d before any module is loaded
     directives: tuple[str, ...] = ()  # batch directives only container jobs carry (the scheduler's syntax)
+    # CSCS Container Engine: words for the launcher itself (`--environment=...`, `--mpi=pmi2`) and the EDF
+    # hpcring writes (None: the user's own EDF, or another runtime).
+    launcher_args: tuple[str, ...] = ()
+    edf: str | None = None
 
 
 def host_path_parts(value: str) -> list[tuple[bool, str]]:
@@ -222,6 +227,15 @@ def from_profile(c: Mapping[str, Any] | None, site_mpi: str, where: str) -> Cont
             )
     host_mpi = _host_mpi(c["host_mpi"], site_mpi, where) if c.get("host_mpi") else None
     env = _env(c.get("env", {}), f"{field}.env", host_mpi is not None)
+    annotations = tuple((c.get("annotations") or {}).items())
+    if annotations and c["runtime"] != container_engine.RUNTIME:
+        raise ProfileError(f"{field}.annotations: only for runtime {container_engine.RUNTIME!r} (EDF hooks)")
+    if c["runtime"] == container_engine.RUNTIME and (host_mpi or c.get("lib_dirs") or c.get("modules")):
+        raise ProfileError(
+            f"{field}: host_mpi, lib_dirs and modules are Apptainer/Singularity settings; the Container "
+            "Engine takes mounts, env and annotations in its EDF (binds, env, annotations here)"
+        )
+    annotations = container_engine.check_annotations(annotations, f"{field}.annotations")
     return Container(
         runtime=c["runtime"],
         binds=tuple(c.get("binds", [])),
@@ -233,6 +247,7 @@ def from_profile(c: Mapping[str, Any] | None, site_mpi: str, where: str) -> Cont
         modules=tuple(c.get("modules", [])),
         directives=_directives(c, field),
         lib_dirs=_lib_dirs(c, field, env),
+        annotations=annotations,
     )
 
 
@@ -277,6 +292,8 @@ def plan(profile: Profile, image: str | None, binds: Sequence[str], uses_gpus: b
             + f"; to run images anyway, set site.container.runtime to {choices(RUNTIMES)} in a copy of "
             "the profile"
         )
+    if c.runtime == container_engine.RUNTIME:
+        return _engine_plan(c, image, binds)
     argv: list[str] = [c.runtime, "exec"]
     gpu_flag = {"amd": "--rocm", "nvidia": "--nv"}.get(profile.node.gpu_vendor)  # intel: /dev/dri as is
     if uses_gpus and gpu_flag:
@@ -302,4 +319,22 @@ def plan(profile: Profile, image: str | None, binds: Sequence[str], uses_gpus: b
         model="bind" if host_mpi else "hybrid",
         module_paths=c.module_paths,
         directives=c.directives,
+    )
+
+
+def _engine_plan(c: Container, image: str, binds: Sequence[str]) -> ContainerPlan:
+    """CSCS's Container Engine: no prefix on the rank command; srun gets `--environment=` and the EDF."""
+    user_edf = container_engine.is_user_edf(image)
+    if user_edf and binds:
+        raise ConfigError(
+            f"--bind with the user EDF {image!r}: the Container Engine takes mounts from the EDF; add them "
+            "to its `mounts` list"
+        )
+    return ContainerPlan(
+        c.runtime,
+        image,
+        (),
+        directives=c.directives,
+        launcher_args=(container_engine.environment_arg(image), *c.extra_args),
+        edf=None if user_edf else container_engine.edf(c, image, binds),
     )

@@ -28,7 +28,7 @@ LAUNCHERS_OF: dict[str, tuple[str, ...]] = {
     # Kubernetes: the MPI Operator's launcher pod runs mpirun (Open MPI, MPICH or Intel MPI) over its workers.
     "kubernetes": ("mpirun",),
 }
-RUNTIMES: tuple[str, ...] = ("singularity", "apptainer")
+RUNTIMES: tuple[str, ...] = ("singularity", "apptainer", "container-engine")
 GPU_VENDORS: tuple[str, ...] = ("nvidia", "amd", "intel")
 
 
@@ -188,6 +188,8 @@ class Container:
     modules: tuple[str, ...] = ()
     directives: tuple[str, ...] = ()
     lib_dirs: tuple[str, ...] = ()  # hybrid model: container paths put first on LD_LIBRARY_PATH
+    # CSCS Container Engine only: the EDF's [annotations] (hooks, e.g. com.hooks.aws_ofi_nccl.enabled).
+    annotations: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)

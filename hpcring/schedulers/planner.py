@@ -4,7 +4,7 @@ launcher's command line for each step, the files it reads, and the container aro
 from __future__ import annotations
 
 from hpcring.errors import ConfigError, choices
-from hpcring.schedulers import containers, interconnect, registry
+from hpcring.schedulers import container_engine, containers, interconnect, registry
 from hpcring.schedulers.interfaces import Scheduler
 from hpcring.schedulers.job import JobSpec, describe
 from hpcring.schedulers.mapping import RankMap
@@ -100,11 +100,18 @@ def build(
         where = _shared_inline_path if suffix in launch.node_files else _inline_path
         files.append(ExtraFile(var, suffix, content, path, path or where(sched.job_id_var, suffix)))
     ctr = containers.plan(profile, job.image, job.binds, rm.shape.gpus_per_rank > 0)
+    if ctr is not None and ctr.launcher_args and launch.name != "srun":
+        raise ConfigError(f"runtime {ctr.runtime!r} starts ranks through srun, not {launch.name!r}")
+    if ctr is not None and ctr.edf is not None:
+        files.append(_edf_file(ctr.edf, opts, sched.job_id_var))
     steps = []
     for i, step in enumerate(job.steps, 1):
         command = (*ctr.prefix, *step.argv) if ctr else step.argv
         banner = f"hpcring: step {i}/{len(job.steps)}: {describe(step)}"
-        steps.append(StepPlan(banner, tuple(launch.argv(rm, command, paths))))
+        argv = launch.argv(rm, command, paths)
+        if ctr is not None and ctr.launcher_args:
+            argv = [argv[0], *ctr.launcher_args, *argv[1:]]  # `srun --environment=... <flags> command`
+        steps.append(StepPlan(banner, tuple(argv)))
     s = rm.shape
     summary = (
         f"{s.nodes} node(s) x {s.max_ranks_per_node} rank(s) = {s.ranks} ranks, {s.gpus_per_rank} GPU(s) and "
@@ -136,6 +143,18 @@ def build(
 def _extra_directive(text: str, prefix: str) -> Directive:
     """A container-only directive ("-l a=b" or "--flag=value"), checked to stay on its line."""
     return Directive.from_text(check_line_safe(text, "site.container.directives entry", prefix))
+
+
+def _edf_file(content: str, opts: RenderOptions, job_var: str) -> ExtraFile:
+    """The Container Engine's EDF: next to the script with `-o`, else inline in the job's working directory
+    (srun reads it from there on the first node; the job's directory is on the shared file system)."""
+    suffix = container_engine.EDF_SUFFIX
+    path = f"{opts.files_dir.rstrip('/')}/{opts.basename}.{suffix}" if opts.files_dir is not None else None
+    if path is not None:
+        check_line_safe(path, "file path")
+    return ExtraFile(
+        container_engine.EDF_VAR, suffix, content, path, path or _shared_inline_path(job_var, suffix)
+    )
 
 
 def _shared_inline_path(job_var: str, suffix: str) -> Raw:

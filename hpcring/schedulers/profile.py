@@ -17,7 +17,15 @@ from typing import Any
 import yaml
 
 from hpcring.errors import ProfileError, choices
-from hpcring.schedulers import containers, cpuset, kubernetes_options, site_options, textfile, walltime
+from hpcring.schedulers import (
+    container_engine,
+    containers,
+    cpuset,
+    kubernetes_options,
+    site_options,
+    textfile,
+    walltime,
+)
 from hpcring.schedulers.model import (
     LAUNCHERS_OF,
     Gpu,
@@ -253,6 +261,10 @@ def _site(d: Mapping[str, Any], node: Node, where: str) -> Site:
     if sum(p.default for p in partitions) > 1:
         raise err("partitions", "at most one partition may be the default")
     container = containers.from_profile(d.get("container"), d.get("mpi", "openmpi"), where)
+    if container is not None and container.runtime == container_engine.RUNTIME and launcher != "srun":
+        raise err(
+            "container.runtime", f"{container.runtime!r} starts ranks through srun; launcher is {launcher!r}"
+        )
     if container is not None and d.get("no_container_reason"):
         raise err("no_container_reason", "given, but site.container configures a runtime; drop one of them")
     s, lsf = d.get("slurm", {}), d.get("lsf", {})

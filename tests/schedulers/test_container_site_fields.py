@@ -129,7 +129,9 @@ def test_no_container_reason_with_a_runtime_is_refused(tmp_path: Path) -> None:
 
 
 def test_refusal_without_a_reason_still_names_the_fix() -> None:
-    """A profile with no runtime and no reason (Alps: CSCS documents its own Container Engine) keeps the
-    plain refusal."""
-    with pytest.raises(ConfigError, match=r"profile 'alps-gh200' has no container runtime; to run images"):
-        make_plan("alps-gh200", nodes=1, account="g", image="/i.sif", command=("true",))
+    """A profile with no runtime and no reason (Perlmutter: NERSC's Shifter / podman-hpc are not generated)
+    keeps the plain refusal."""
+    with pytest.raises(
+        ConfigError, match=r"profile 'perlmutter-gpu' has no container runtime; to run images"
+    ):
+        make_plan("perlmutter-gpu", nodes=1, account="g", image="/i.sif", command=("true",))

@@ -399,8 +399,14 @@ def test_every_launcher_shellcheck_clean_with_hostile_fields(tmp_path: Path) -> 
         prof = profile.load(name)
         if prof.site.scheduler == "kubernetes":  # a manifest, not a script: test_kubernetes_injection.py
             continue
-        containers = (False, True) if prof.site.container is not None else (False,)
         for launcher in LAUNCHERS_OF[prof.site.scheduler]:
+            # CSCS's Container Engine starts ranks through srun only (test_site_alps.py checks the refusal).
+            engine_elsewhere = prof.site.container is not None and (
+                prof.site.container.runtime == "container-engine" and launcher != "srun"
+            )
+            containers = (
+                (False, True) if prof.site.container is not None and not engine_elsewhere else (False,)
+            )
             for i, payload in enumerate(payloads):
                 for ctr in containers:
                     line = " ".join(payload.splitlines())

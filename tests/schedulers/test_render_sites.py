@@ -45,6 +45,16 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
         {"nodes": 1, "account": "project_465000000", "image": "/scratch/img/cpu.sif", "command": TRAIN},
     ),
     "alps-gh200-slurm": ("alps-gh200", {"nodes": 2, "account": "g123", "command": TRAIN}),
+    "alps-gh200-container": (
+        "alps-gh200",
+        {
+            "nodes": 2,
+            "account": "g123",
+            "image": "nvcr.io#nvidia/pytorch:25.11-py3",
+            "binds": ("/capstor/scratch/cscs/user",),
+            "command": TRAIN,
+        },
+    ),
     "polaris-pbs": ("polaris", {"nodes": 2, "account": "MyProject", "command": TRAIN}),
     "polaris-container": (
         "polaris",
@@ -103,10 +113,14 @@ def test_aurora_ranks_see_their_tile() -> None:
     assert "list:1-8:9-16:17-24:25-32:33-40:41-48:53-60:61-68:69-76:77-84:85-92:93-100" in text
 
 
-def test_alps_has_no_container_runtime() -> None:
-    """CSCS documents its own Container Engine, not Apptainer: an image is refused, naming the fix."""
-    with pytest.raises(ConfigError, match=r"profile 'alps-gh200' has no container runtime"):
-        make_plan("alps-gh200", nodes=1, account="g123", image="/capstor/img.sif", command=TRAIN)
+def test_alps_container_engine_instead_of_a_runtime() -> None:
+    """CSCS documents its own Container Engine, not Apptainer: an image becomes an EDF and `srun
+    --environment`, with no runtime wrapped around the rank command (tests/schedulers/test_site_alps.py has
+    the documented examples)."""
+    text = _render("alps-gh200-container")
+    srun = next(ln for ln in text.splitlines() if ln.startswith("srun "))
+    assert srun.startswith('srun --environment="$HPCRING_EDF" --mpi=pmi2 ') and srun.endswith(" ".join(TRAIN))
+    assert "apptainer" not in text and "singularity" not in text
 
 
 # ALCF's documented chunk, in its order (https://docs.alcf.anl.gov/running-jobs/ and its example job scripts;
