@@ -11,6 +11,7 @@ room; reserved cores are never used; ranks are numbered contiguously per node (b
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -383,6 +384,15 @@ def _nics(
     return out
 
 
+def in_core_order(slots: Sequence[Slot]) -> tuple[Slot, ...]:
+    """The same slots, local ranks renumbered so that local rank 0 has the lowest cores (rank_order: cores).
+
+    Only the numbering changes: each slot keeps its GPUs, cores, NICs and memory domains.
+    """
+    ordered = sorted(slots, key=lambda s: (min(s.cores, default=0), s.local_rank))
+    return tuple(dataclasses.replace(s, local_rank=i) for i, s in enumerate(ordered))
+
+
 def build(profile: Profile, job: JobSpec) -> RankMap:
     """Resolve the job's shape and place every rank."""
     shape = resolve(profile, job)
@@ -390,4 +400,6 @@ def build(profile: Profile, job: JobSpec) -> RankMap:
         layout(profile.node, rpn, shape.gpus_per_rank, shape.cpus_per_rank, shape.threads_per_core)
         for rpn in shape.ranks_per_node
     )
+    if profile.site.rank_order == "cores":
+        layouts = tuple(in_core_order(slots) for slots in layouts)
     return RankMap(profile, shape, layouts)

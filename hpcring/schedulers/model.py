@@ -284,6 +284,8 @@ class Site:
     kubernetes: KubernetesOptions = field(default_factory=KubernetesOptions)
     # With no container: why (the site's documentation, cited), so that --image is refused with the reason.
     no_container_reason: str | None = None
+    # "gpu": local rank i takes GPU i; "cores": local ranks numbered in core order (the slots are the same).
+    rank_order: str = "gpu"
 
     def partition(self, name: str | None) -> Partition | None:
         """The named partition, else the default one, else the first; None when the site lists none."""

@@ -285,6 +285,7 @@ def _site(d: Mapping[str, Any], node: Node, where: str) -> Site:
         env=env,
         smt=smt,
         require_even_ranks=d.get("require_even_ranks", True),
+        rank_order=d.get("rank_order", "gpu"),
         binding=d.get("binding", True),
         container=container,
         no_container_reason=d.get("no_container_reason"),

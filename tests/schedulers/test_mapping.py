@@ -40,7 +40,9 @@ def test_frontier_one_rank_per_gcd_on_its_closest_cores() -> None:
 
 def test_frontier_smt2_uses_both_threads() -> None:
     rm = build("frontier", nodes=1, threads_per_core=2)
-    assert rm.slots(0)[0].cpus == (*range(49, 56), *range(113, 120))
+    # Local rank 0 on the first usable cores (rank_order: cores, OLCF's Example 1 order), GCD 4's.
+    assert rm.slots(0)[0].gpus == (4,)
+    assert rm.slots(0)[0].cpus == (*range(1, 8), *range(65, 72))
 
 
 def test_summit_six_ranks_seven_cores_smt4() -> None:
@@ -72,9 +74,10 @@ def test_cpu_only_profile_splits_per_numa_domain() -> None:
 def test_explicit_cpus_per_rank_and_gpus_per_rank() -> None:
     rm = build("frontier", nodes=1, ranks_per_node=4, gpus_per_rank=2, cpus_per_rank=10)
     slots = rm.slots(0)
-    assert [s.gpus for s in slots] == [(0, 1), (2, 3), (4, 5), (6, 7)]
+    # Local ranks in core order (rank_order: cores): the MI250X on NUMA 0 (GCDs 4, 5) first.
+    assert [s.gpus for s in slots] == [(4, 5), (2, 3), (6, 7), (0, 1)]
     assert all(len(s.cores) == 10 for s in slots)
-    assert {c for c in slots[0].cores} <= set(range(48, 64))
+    assert {c for c in slots[3].cores} <= set(range(48, 64))
 
 
 def test_uneven_ranks_when_allowed() -> None:
@@ -155,9 +158,9 @@ def test_cli_map_json_records() -> None:
         "rank": 9,
         "node": 1,
         "local_rank": 1,
-        "gpus": [1],
-        "cpus": list(range(57, 64)),
-        "nic": "hsn0",
+        "gpus": [5],
+        "cpus": list(range(9, 16)),
+        "nic": "hsn2",
     }
 
 

@@ -13,6 +13,7 @@ Pages (read 2026-11-27, cited in the profiles too):
 
 from __future__ import annotations
 
+import json
 import shlex
 import subprocess
 from pathlib import Path
@@ -155,3 +156,49 @@ def test_aurora_wrapper_two_tiles_a_rank_is_one_gpu(tmp_path: Path) -> None:
             tmp_path, p.files[0].content, {"PALS_LOCAL_RANKID": str(g)}, 'echo "$ZE_AFFINITY_MASK"'
         )
         assert res.stdout.strip() == f"{2 * g},{2 * g + 1}"
+
+
+# Rank order where the site documents one (profiles: site.rank_order).
+# OLCF Frontier user guide (https://docs.olcf.ornl.gov/systems/frontier_user_guide.html), "Process and Thread
+# Mapping Examples", Example 1, `srun -N1 -n8 -c7 --gpus-per-task=1 --gpu-bind=closest`: (MPI rank, first
+# and last HWT, GPU_ID) from its output lines.
+FRONTIER_EXAMPLE_1 = [(0, 1, 7, 4), (1, 9, 15, 5), (2, 17, 23, 2), (3, 25, 31, 3)]
+FRONTIER_EXAMPLE_1 += [(4, 33, 39, 6), (5, 41, 47, 7), (6, 49, 55, 0), (7, 57, 63, 1)]
+
+
+def test_frontier_rank_order_as_olcf_example_1(tmp_path: Path) -> None:
+    """Local rank i on the i-th 7-core block with the GCD `closest` picks for it; the srun line lists the
+    masks in that order, so Slurm's closest binding gives each rank the GCD the mapping says."""
+    p = make_plan("frontier", nodes=1, account="abc123", command=["./hello_jobstep"])
+    text = render_plan(p)
+    check_shellcheck(tmp_path, text)
+    words = _srun_words(text)
+    assert {"--gpus-per-task=1", "--gpu-bind=closest", "--cpus-per-task=7"} <= set(words)
+    masks = next(w for w in words if w.startswith("--cpu-bind=")).removeprefix("--cpu-bind=mask_cpu:")
+    cores = [[b for b in range(64) if int(m, 16) >> b & 1] for m in masks.split(",")]
+    assert [(i, c[0], c[-1]) for i, c in enumerate(cores)] == [
+        (r, lo, hi) for r, lo, hi, _ in FRONTIER_EXAMPLE_1
+    ]
+    record = json.loads(cli("map", "--profile", "frontier", "--nodes", "1", "--format", "json").stdout)
+    assert [(r["local_rank"], r["gpus"][0]) for r in record] == [(r, g) for r, _, _, g in FRONTIER_EXAMPLE_1]
+
+
+def test_polaris_rank_order_as_set_affinity_gpu_polaris(tmp_path: Path) -> None:
+    """https://docs.alcf.anl.gov/polaris/running-jobs/using-gpus/: `mpiexec --depth=8 --cpu-bind depth
+    ./set_affinity_gpu_polaris.sh`, which exports CUDA_VISIBLE_DEVICES=$((num_gpus - 1 - PMI_LOCAL_RANK %
+    num_gpus)): local rank i on cores 8i..8i+7 (depth binding) with GPU 3-i. hpcring's job gives every local
+    rank the same cores and, through its wrapper, the same CUDA_VISIBLE_DEVICES."""
+    num_gpus, depth = 4, 8
+    p = make_plan("polaris", nodes=2, account="MyProject", command=["./hello_affinity"])
+    text = render_plan(p)
+    words = shlex.split(next(ln for ln in text.splitlines() if ln.startswith("mpiexec ")))
+    cpu_list = words[words.index("--cpu-bind") + 1].removeprefix("list:").split(":")
+    assert [cpuset.parse(c) for c in cpu_list] == [
+        tuple(range(depth * i, depth * i + depth)) for i in range(num_gpus)
+    ]
+    assert words[words.index("--depth") + 1] == str(depth)
+    for local in range(num_gpus):
+        res = _run_wrapper(
+            tmp_path, p.files[0].content, {"PMI_LOCAL_RANK": str(local)}, 'echo "$CUDA_VISIBLE_DEVICES"'
+        )
+        assert res.returncode == 0 and res.stdout.strip() == str(num_gpus - 1 - local % num_gpus)

@@ -4,10 +4,10 @@
 set -euo pipefail
 local_rank="${PALS_LOCAL_RANKID:-${PMI_LOCAL_RANK:-${MPI_LOCALRANKID:-}}}"
 case "$local_rank" in
-  0) devices=0 ;;
-  1) devices=1 ;;
-  2) devices=2 ;;
-  3) devices=3 ;;
+  0) devices=3 ;;
+  1) devices=2 ;;
+  2) devices=1 ;;
+  3) devices=0 ;;
   *)
     echo 'hpcring: no GPU for this rank: the local rank (PALS_LOCAL_RANKID, PMI_LOCAL_RANK, MPI_LOCALRANKID) is unset or beyond the mapping'"'"'s ranks per node:' "'$local_rank'" >&2
     exit 2
