@@ -56,6 +56,8 @@ def gpu_binding(p: Profile) -> str:
         return "CPU only"
     if node.gpu_visibility == "shared":
         return "every GPU visible, own ones in `HPCRING_RANK_GPUS`"
+    if site.launcher == "srun" and site.slurm.gpu_bind == "wrapper":
+        return f"`--gpus-per-node`, wrapper sets `{VISIBLE_DEVICES[node.gpu_vendor]}`"
     if site.launcher == "srun":
         return (
             "`--gpu-bind=map_gpu`" if site.slurm.gpu_bind == "map" else f"`--gpu-bind={site.slurm.gpu_bind}`"
