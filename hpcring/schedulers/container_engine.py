@@ -35,8 +35,9 @@ _ANNOTATION_KEY = re.compile(r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")
 
 
 def toml_string(value: str) -> str:
-    """A TOML basic string: JSON's escapes (\\", \\\\, \\n, \\uXXXX) are TOML's too."""
-    return json.dumps(value, ensure_ascii=False)
+    """A TOML basic string: JSON's escapes (\\", \\\\, \\n, \\uXXXX) are TOML's too; TOML also wants DEL
+    (U+007F) escaped, which JSON leaves as is."""
+    return json.dumps(value, ensure_ascii=False).replace("\x7f", "\\u007f")
 
 
 def is_user_edf(image: str) -> bool:

@@ -249,3 +249,13 @@ def test_engine_with_another_launcher_is_refused() -> None:
     rm = mapping.build(profile.load("alps-gh200"), spec)
     with pytest.raises(ConfigError, match=r"'container-engine' starts ranks through srun, not 'mpirun'"):
         planner.build(rm, spec, launcher_name="mpirun")
+
+
+def test_toml_string_escapes_every_control_character() -> None:
+    """TOML basic strings refuse raw U+0000-U+0008, U+000A-U+001F and U+007F (DEL, which JSON's escaping
+    leaves raw: found by the property test above); each one round-trips."""
+    from hpcring.schedulers import container_engine
+
+    for code in [*range(0x20), 0x7F, 0x2028, 0xFEFF]:
+        value = f"a{chr(code)}b\"'\\"
+        assert tomllib.loads(f"v = {container_engine.toml_string(value)}\n")["v"] == value
