@@ -12,8 +12,8 @@
 #
 # Made for CI machines without a Docker engine or registry access (root, Debian, network only to the Debian
 # mirror and PyPI): the base image is bootstrapped from the Debian mirror with mmdebstrap (the same bookworm
-# and python3 3.11 as debian:bookworm-slim; 26 s against debootstrap's 38 s here, as apt downloads in
-# parallel) and passed in with --build-arg BASE; pip inside the build uses the host's pip configuration (its
+# and python3 3.11 as debian:bookworm-slim; faster than debootstrap, as apt downloads in parallel: timings in
+# docs/dev/containers.md) and passed in with --build-arg BASE; pip inside the build uses the host's pip configuration (its
 # local wheel directories and indexes are mounted read-only, its CA bundle too, for TLS-intercepting proxies).
 # Nothing is baked into the image that the build did not install.
 #
@@ -37,7 +37,7 @@ PY=${PYTHON:-.venv/bin/python}
 log() { printf '[build-image %(%T)T] %s\n' -1 "$*" >&2; }
 
 # podman with storage under $DIR. Only --root/--runroot: naming a storage driver explicitly makes every
-# `podman run` wait 20 s for conmon on this kind of host. runc, not crun: crun refuses hybrid cgroup v1/v2 hosts;
+# `podman run` wait for conmon on this kind of host (docs/dev/containers.md). runc, not crun: crun refuses hybrid cgroup v1/v2 hosts;
 # rlimits at or below the caller's hard limits (root here lacks CAP_SYS_RESOURCE).
 pm() { CONTAINERS_CONF="$DIR/containers.conf" podman --root "$DIR/storage" --runroot "$DIR/runroot" "$@"; }
 

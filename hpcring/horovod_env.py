@@ -196,8 +196,9 @@ VARIABLES: tuple[HorovodVariable, ...] = (
         _v(
             name,
             True,
-            "exported to every rank by hpcring run, and set by init() when absent (srun, mpirun), with this "
-            "rank's place (docs/launcher.md, the rank environment); hpcring itself reads ranks from MPI",
+            "exported to every rank by hpcring run, and set by init() when absent (srun, mpirun), with "
+            "this rank's place (docs/guide/launcher.md, the rank environment); hpcring itself reads ranks "
+            "from MPI",
         )
         for name in ("RANK", "SIZE", "LOCAL_RANK", "LOCAL_SIZE", "CROSS_RANK", "CROSS_SIZE", "HOSTNAME")
     ),

@@ -12,17 +12,17 @@ of the timeout, at most 1 s), notes when it first saw the tuple now there (by id
 reference, so a new tuple is never the same object), and fires when the same one has been there for the
 timeout: at most one poll late, never early.
 
-What it does on expiry (docs/launcher.md, "Collective timeout"): a roll call among the peers of the stuck
-collective (engine/roll_call.py) finds which of them stopped; then it prints the error (phase, op, tensor
-names, the peers not heard from and their hosts, how long it waited), waits `GRACE_S` so the other survivors
-print theirs before the first exit makes the launcher end the job, fails this rank's pending requests with
-`CollectiveTimeoutError` (a waiter blocked in Python sees it; one blocked in MPI, such as a caller running
-the cycle itself, cannot), gives Python `HANDOFF_S` to end the process its own way, then `os._exit`: never
-MPI_Finalize, which would wait for the peer that is gone. The status is COLLECTIVE_TIMEOUT_EXIT_STATUS, or
-under the elastic driver RESET_EXIT_CODE, the status `@hvd.elastic.run` uses for a HorovodInternalError:
-the driver ends the world and relaunches it from the last commit on the same hosts (a survivor's status
-cannot say which host is at fault, so it blacklists none; a host that stays unreachable is the launcher's to
-find).
+What it does on expiry (docs/guide/launcher.md, "Collective timeout"): a roll call among the peers of the
+stuck collective (engine/roll_call.py) finds which of them stopped; then it prints the error (phase, op,
+tensor names, the peers not heard from and their hosts, how long it waited), waits `GRACE_S` so the other
+survivors print theirs before the first exit makes the launcher end the job, fails this rank's pending
+requests with `CollectiveTimeoutError` (a waiter blocked in Python sees it; one blocked in MPI, such as a
+caller running the cycle itself, cannot), gives Python `HANDOFF_S` to end the process its own way, then
+`os._exit`: never MPI_Finalize, which would wait for the peer that is gone. The status is
+COLLECTIVE_TIMEOUT_EXIT_STATUS, or under the elastic driver RESET_EXIT_CODE, the status `@hvd.elastic.run`
+uses for a HorovodInternalError: the driver ends the world and relaunches it from the last commit on the same
+hosts (a survivor's status cannot say which host is at fault, so it blacklists none; a host that stays
+unreachable is the launcher's to find).
 """
 
 from __future__ import annotations

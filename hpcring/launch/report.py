@@ -1,9 +1,10 @@
 """How a Python rank failed, as its runner tells its wrapper: the exception (or exit) and where it was raised.
 
 Why: an exit code says nothing about *what* failed, and the elastic driver must tell a broken script (the same
-error on every rank) from a host's failure (docs/elastic.md). `hpcring.launch.pyrun` writes one JSON report
-to the pipe its wrapper hands it (the descriptor in HPCRING_REPORT_FD) when the user's code raises or exits
-non-zero; the wrapper adds it to the exit report it sends the launcher. Nothing here imports MPI or torch.
+error on every rank) from a host's failure (docs/guide/elastic.md). `hpcring.launch.pyrun` writes one JSON
+report to the pipe its wrapper hands it (the descriptor in HPCRING_REPORT_FD) when the user's code raises or
+exits non-zero; the wrapper adds it to the exit report it sends the launcher. Nothing here imports MPI or
+torch.
 """
 
 from __future__ import annotations

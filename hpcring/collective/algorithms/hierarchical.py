@@ -6,7 +6,7 @@ largest node's rank count), the same cut on every node; local rank l of a node o
 (`shard_groups[j]`) holds one rank per node. On unequal nodes a rank may own several shards; its groups run
 in increasing shard order, so two blocking groups can never wait on each other.
 
-Large buffers are pipelined over segments (docs/guide/collectives.md, "Hierarchical pipeline"): while earlier
+Large buffers are pipelined over segments (docs/dev/collectives.md, "Hierarchical pipeline"): while earlier
 segments cross the network (`CrossRing`, non-blocking point-to-point steps) the node reduce-scatters the next
 and allgathers finished ones, so the node-local stages hide under the link time instead of adding to it. No
 thread is needed: MPI progresses every pending request whenever the rank waits on any one, and the node
@@ -234,7 +234,7 @@ def _node_reduce_scatter(
         local.reduce_scatter(sv, out, s.counts, op)
         if out is not mine:
             mine[...] = out
-    else:  # our ring, any dtype: several times faster than Open MPI's (docs/guide/collectives.md)
+    else:  # our ring, any dtype: several times faster than Open MPI's (docs/dev/collectives.md)
         ring_reduce_scatter(local, sv, mine, offsets(s.counts), op, chunk_bytes, poll)
 
 

@@ -117,7 +117,7 @@ def ring_allgather(t: Transport, dst: NDArray, seg: list[int], chunk: int, poll:
     """In-place allgather: rank r owns [seg[r], seg[r+1]) of dst; every chunk is forwarded on arrival.
 
     Used by the allreduce and inside the node by the hierarchical algorithm: MPICH's MPI_Allgatherv collapses
-    on oversubscribed cores, where this does not (docs/guide/collectives.md). `poll`: see `_wait`."""
+    on oversubscribed cores, where this does not (docs/dev/collectives.md). `poll`: see `_wait`."""
     if t.size == 1:
         return
     n, r = t.size, t.rank

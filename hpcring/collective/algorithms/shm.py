@@ -1,4 +1,4 @@
-"""Allreduce inside one node through a shared-memory segment (docs/guide/collectives.md, "Shared memory").
+"""Allreduce inside one node through a shared-memory segment (docs/dev/collectives.md, "Shared memory").
 
 Every rank maps one segment: a slot per rank and a result region. A round: every rank copies its input into
 its own slot; node barrier; rank r reduces part r (`chunks.bounds`) of all the slots into the result region

@@ -7,7 +7,7 @@ numpy arrays here; a GPU transport may accept its own device buffers with the sa
 
 Optional attribute: `prefer_native = True` on a transport makes the hierarchical algorithm use that
 transport's own reduce_scatter/allgatherv for its intra-node stages instead of our point-to-point ring (right
-for NCCL; over MPI the ring is faster and steadier, see docs/guide/collectives.md).
+for NCCL; over MPI the ring is faster and steadier, see docs/dev/collectives.md).
 """
 
 from __future__ import annotations

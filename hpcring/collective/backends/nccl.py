@@ -7,7 +7,7 @@ rendezvous is a TCPStore whose address rank 0 broadcasts over MPI. Buffers may b
 CPU tensors) or torch tensors on the group's device; objects and barriers go through MPI. The engine's
 device plane (`hpcring/engine/device_plane.py`) uses `reduce_scatter_equal` and `allgather_equal`, which map
 to NCCL's own collectives without padding or copies. With backend "gloo" the same class runs on CPU tensors:
-that is how CI tests it (docs/guide/collectives.md, "Transports and backends", has the recipe for a GPU
+that is how CI tests it (docs/dev/collectives.md, "Transports and backends", has the recipe for a GPU
 machine).
 
 Call `close()` when done: a process group torn down by the garbage collector at interpreter exit can abort

@@ -1,6 +1,6 @@
 """`@hvd.elastic.run`: runs the training function so that it survives a world that changes size.
 
-Under the elastic driver a world that must change is ended and relaunched (docs/guide/elastic.md says why), so
+Under the elastic driver a world that must change is ended and relaunched (docs/dev/elastic.md says why), so
 the function is not re-entered in the same process as Horovod's is; instead each world starts like this:
 
 1. every rank looks for the newest commit in its node's commit store; the ranks agree on the newest;

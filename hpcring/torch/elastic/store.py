@@ -4,7 +4,7 @@ Why files and not an in-memory copy (Horovod's): hpcring re-forms a world by res
 cannot shrink a running world), so a commit must outlive the process that made it. A file on tmpfs is memory
 all the same: writing one is a single copy of each tensor's bytes, about what `tensor.clone()` costs, and it
 survives the process. The next world restores the newest commit of any node. The API, also used by
-`hpcring.ray`: docs/guide/elastic.md, "Commit store API".
+`hpcring.ray`: docs/dev/elastic.md, "Commit store API".
 
 Format: 8-byte magic (written last), 8-byte header length, 8-byte data offset, a pickled header (sequence
 number, the state's structure with each tensor replaced by a reference, each tensor's dtype/shape/offset),

@@ -1,7 +1,7 @@
 """The Horovod-script suite: launched with `hpcring run --horovod`, so `import horovod` resolves to hpcring.
 
 Nothing here imports `horovod` at module level: the outer pytest collects these files outside any job,
-where the alias is not installed (docs/testing.md, "Collection must not depend on the launch").
+where the alias is not installed (docs/dev/testing.md, "Collection must not depend on the launch").
 """
 
 from __future__ import annotations
