@@ -19,6 +19,7 @@ from hpcring.contracts.horovod_alias import SITE_DIR
 pytest.importorskip("torch")
 
 PROGRAM = str(Path(__file__).with_name("horovod_program.py"))
+ELASTIC_PROGRAM = str(Path(__file__).with_name("horovod_elastic_program.py"))
 
 
 def _lines(out: str, np: int) -> None:
@@ -41,6 +42,26 @@ def test_horovod_flag_runs_a_horovod_script(hpcring_run: RunRanks) -> None:
     done = hpcring_run(4, ["{python}", PROGRAM], extra=["--horovod"])
     assert done.returncode == 0, done.stdout + done.stderr
     _lines(done.stdout, 4)
+
+
+def test_horovod_flag_under_mpich(hpcring_run: RunRanks) -> None:
+    done = hpcring_run(2, ["{python}", PROGRAM], flavour="mpich", extra=["--horovod"])
+    assert done.returncode == 0, done.stdout + done.stderr
+    _lines(done.stdout, 2)
+
+
+def test_horovod_flag_runs_an_elastic_horovod_script(hpcring_run: RunRanks) -> None:
+    """`--horovod` with `--min-np`: the elastic driver's worlds import horovod too, and Horovod's elastic
+    API (TorchState, @hvd.elastic.run, commit) runs to the end on every rank with the same weights."""
+    hosts = "127.0.0.1:1,127.0.0.2:1"
+    extra = ["--horovod", "-H", hosts, "--min-np", "2", "--max-np", "2"]
+    done = hpcring_run(2, ["{python}", ELASTIC_PROGRAM], extra=extra, timeout=180)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = [line for line in done.stdout.splitlines() if "horovod-elastic " in line]
+    assert len(lines) == 2, done.stdout + done.stderr
+    for rank in range(2):
+        assert any(f"rank={rank} size=2 steps=5 " in line for line in lines), lines
+    assert len({line.rsplit("wsum=", 1)[1] for line in lines}) == 1, lines
 
 
 def test_horovod_flag_covers_a_shell_wrapped_rank(hpcring_run: RunRanks) -> None:
