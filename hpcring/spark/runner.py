@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -20,6 +21,7 @@ from hpcring.errors import ConfigError, LaunchError
 from hpcring.spark.task import FAILED_KEY, SparkJobFailed, run_task
 
 DEFAULT_START_TIMEOUT_S = 600
+REGISTER_WAIT_S = 10.0  # how long a short slot count is read again (executors still registering)
 
 
 _UNSUPPORTED = {
@@ -51,16 +53,22 @@ def _start_timeout(start_timeout: float | None) -> float:
 
 def _num_proc(spark_context: Any, num_proc: int | None) -> int:
     """`num_proc` (default: the cluster's task slots), refused when the cluster cannot run that many tasks
-    at once: a barrier stage would otherwise wait for slots that never come."""
+    at once: a barrier stage would otherwise wait for slots that never come. Executors register after the
+    session starts, so a count that is still short is read again for up to REGISTER_WAIT_S seconds."""
+    if num_proc is not None and (isinstance(num_proc, bool) or not isinstance(num_proc, int) or num_proc < 1):
+        raise ConfigError(f"num_proc must be a positive integer, got {num_proc!r}")
+    deadline = time.monotonic() + REGISTER_WAIT_S
     slots = int(spark_context.defaultParallelism)
+    while num_proc is not None and num_proc > slots and time.monotonic() < deadline:
+        time.sleep(0.5)
+        slots = int(spark_context.defaultParallelism)
     if num_proc is None:
         return slots
-    if isinstance(num_proc, bool) or not isinstance(num_proc, int) or num_proc < 1:
-        raise ConfigError(f"num_proc must be a positive integer, got {num_proc!r}")
     if num_proc > slots:
         raise ConfigError(
             f"num_proc={num_proc} is more than the {slots} task slots of this Spark cluster "
-            "(sc.defaultParallelism): a barrier stage needs one free slot per process"
+            f"(sc.defaultParallelism, read for {REGISTER_WAIT_S:g} s): a barrier stage needs one free slot "
+            "per process"
         )
     return num_proc
 

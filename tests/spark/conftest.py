@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,17 @@ import pytest
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "ray"))
+
+
+def _wait_for_executors(sc: Any, slots: int, timeout: float) -> None:
+    """Wait until both worker JVMs' executors registered (after the session starts): 4 slots."""
+    deadline = time.monotonic() + timeout
+    while sc.defaultParallelism < slots:
+        if time.monotonic() > deadline:
+            pytest.fail(
+                f"the local cluster has {sc.defaultParallelism} task slots after {timeout:g} s, not {slots}"
+            )
+        time.sleep(0.5)
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +60,7 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         builder = builder.config(f"spark.executorEnv.{name}", value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
+    _wait_for_executors(session.sparkContext, slots=4, timeout=120)
     try:
         yield session
     finally:
