@@ -52,6 +52,7 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         SparkSession.builder.master("local-cluster[2,2,1024]")
         .appName("hpcring-spark-tests")
         .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.local.dir", str(tmp_path_factory.mktemp("spark")))
         .config("spark.python.worker.reuse", "true")
