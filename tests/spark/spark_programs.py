@@ -34,3 +34,17 @@ def raise_on(bad_rank: int) -> None:
     if hvd.rank() == bad_rank:
         raise ValueError(f"boom from rank {bad_rank}")
     hvd.allreduce(torch.ones(1), op=hvd.Sum)
+
+
+def exit_on(bad_rank: int) -> None:
+    """`bad_rank`'s worker process dies outright (no exception to report) while the others wait for it."""
+    import os
+
+    import torch
+
+    import hpcring.torch as hvd
+
+    hvd.init()
+    if hvd.rank() == bad_rank:
+        os._exit(3)
+    hvd.allreduce(torch.ones(1), op=hvd.Sum)

@@ -71,6 +71,14 @@ def test_a_failing_task_is_named_and_nothing_is_left(spark: Any) -> None:
     ]
 
 
+def test_a_worker_that_dies_is_named(spark: Any) -> None:
+    import hpcring.spark
+
+    with pytest.raises(hpcring.spark.SparkJobFailed, match=r"rank 1 \(Spark task \d") as failed:
+        hpcring.spark.run(spark_programs.exit_on, args=(1,), num_proc=2)
+    assert "the worker process ended" in str(failed.value)
+
+
 def test_more_processes_than_task_slots_is_refused(spark: Any) -> None:
     import hpcring.spark
 
