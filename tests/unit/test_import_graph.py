@@ -41,7 +41,7 @@ FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("collectives and job scripts", ("hpcring.collective", "hpcring.schedulers")),
     ("engine and launcher", ("hpcring.engine", "hpcring.launch")),
     ("frameworks and tools", ("hpcring.torch", "hpcring.bench", "hpcring.diagnostics")),
-    ("executors", ("hpcring.ray", "hpcring.horovod_alias")),
+    ("executors", ("hpcring.ray", "hpcring.spark", "hpcring.horovod_alias")),
     ("faces", ("hpcring.cli", "hpcring.__main__", "hpcring")),
 )
 # What the engine may import of the collective floor: the unchecked collectives and the value modules.
