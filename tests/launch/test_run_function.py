@@ -68,7 +68,7 @@ def test_results_under_mpich(tmp_path: Path) -> None:
 def test_elastic_keywords_run_an_elastic_job(tmp_path: Path) -> None:
     out = call("elastic", 2, tmp_path)
     assert out.get("ok") == [[r, 3] for r in range(3)], out  # max_num_proc ranks: the host has the slots
-    assert "elastic: world 0: 3 rank(s)" in out["output"]
+    assert "elastic: world 0: 3 ranks on" in out["output"]
 
 
 def test_output_filename_and_verbose(tmp_path: Path) -> None:

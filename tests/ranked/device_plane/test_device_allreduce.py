@@ -60,7 +60,9 @@ def test_process_groups_take_the_collective_timeout(hvd: ModuleType) -> None:
     engine = basics.engine()
     planes = [sp for by_route in engine.device_plane._sets.values() for sp in by_route.values()]
     groups = [g for sp in planes for lane in sp.lanes for g in lane._groups.values()]
-    if ROUTE.endswith("+mpi"):
+    if ROUTE.endswith("+mpi") or (hvd.size() > 1 and hvd.local_size() == 1):
+        # The MPI route, or one rank per node: its cross-node stage (and every other op of the set) runs
+        # over MPI from host memory, so no process group exists to take the timeout.
         assert not groups
         return
     assert groups
