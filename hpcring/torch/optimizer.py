@@ -551,6 +551,16 @@ def _validate_groups(groups: Any) -> None:
         raise ValueError("groups should be a non-negative integer or a list of list of torch.Tensor.")
 
 
+def wrap_as(mixin: type, optimizer: Any) -> Any:
+    """`optimizer` re-classed as `mixin` over its own class (Horovod's trick: isinstance still holds), with
+    its state and without its bound `step`; the caller runs `_setup`."""
+    base = optimizer.__class__
+    cls = type(base.__name__, (mixin, base), {"__module__": mixin.__module__})
+    wrapped = cast(Any, object.__new__(cls))
+    wrapped.__dict__.update({k: v for k, v in optimizer.__dict__.items() if k != "step"})
+    return wrapped
+
+
 def DistributedOptimizer(
     optimizer: Any,
     named_parameters: Any = None,
@@ -591,10 +601,7 @@ def DistributedOptimizer(
         groups = num_groups if groups is None else groups
     if groups is not None:
         _validate_groups(groups)
-    base = optimizer.__class__
-    cls = type(base.__name__, (_DistributedOptimizer, base), {"__module__": _DistributedOptimizer.__module__})
-    wrapped = cast(Any, object.__new__(cls))
-    wrapped.__dict__.update({k: v for k, v in optimizer.__dict__.items() if k != "step"})
+    wrapped = wrap_as(_DistributedOptimizer, optimizer)
     wrapped._setup(
         named_parameters,
         compression,

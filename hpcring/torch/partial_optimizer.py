@@ -18,7 +18,7 @@ from hpcring import _deps
 from hpcring.engine import ProcessSet, global_process_set
 from hpcring.torch.compression import Compression, Compressor
 from hpcring.torch.op_handles import Average, Sum
-from hpcring.torch.optimizer import _DistributedOptimizer, _validate_groups
+from hpcring.torch.optimizer import _DistributedOptimizer, _validate_groups, wrap_as
 
 
 class _PartialDistributedOptimizer(_DistributedOptimizer):
@@ -115,14 +115,7 @@ def PartialDistributedOptimizer(
     if groups is not None:
         _validate_groups(groups)
     local = _local_parameters(local_layers)
-    base = optimizer.__class__
-    cls = type(
-        base.__name__,
-        (_PartialDistributedOptimizer, base),
-        {"__module__": _PartialDistributedOptimizer.__module__},
-    )
-    wrapped = cast(Any, object.__new__(cls))
-    wrapped.__dict__.update({k: v for k, v in optimizer.__dict__.items() if k != "step"})
+    wrapped = wrap_as(_PartialDistributedOptimizer, optimizer)
     wrapped._local_ids = {id(p) for p in local}
     wrapped._local = local
     wrapped.scale_local_gradients = bool(scale_local_gradients)
