@@ -1,4 +1,5 @@
-"""One real local Spark cluster per test module: `local-cluster[2,2,1024]` (two worker JVMs, two cores each).
+"""One real local Spark cluster for the whole tests/spark run: `local-cluster[2,2,1024]` (two worker JVMs, two
+cores each). Its start (about a minute on a loaded 2-core machine) is paid once, not per module.
 
 The tasks' workers need MPICH (docs/guide/spark.md); this repository's main environment holds the Open MPI
 wheel, so the executors borrow the MPICH environment as tests/ray's actors do. Skips when pyspark or Java is
@@ -33,9 +34,10 @@ def _wait_for_executors(sc: Any, slots: int, timeout: float) -> None:
         time.sleep(0.5)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """A SparkSession on local-cluster[2,2,1024], stopped after the module."""
+    """A SparkSession on local-cluster[2,2,1024], stopped at the end of the run. A test that kills an
+    executor waits for the cluster to have its four slots again before it returns."""
     pytest.importorskip("pyspark", reason="pyspark is not installed (pip install 'hpcring[spark]')")
     if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
         pytest.skip("no Java runtime (Spark 4 needs Java 17: apt-get install openjdk-17-jre-headless)")
