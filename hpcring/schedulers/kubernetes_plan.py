@@ -159,7 +159,7 @@ def build(rm: RankMap, job: JobSpec, image: str | None = None) -> MpiJobPlan:
         )
     if site.mpi not in MPI_IMPLEMENTATIONS:
         raise ConfigError(f"site.mpi {site.mpi!r} cannot run here; allowed: {choices(MPI_IMPLEMENTATIONS)}")
-    env = planner._env(rm, job, registry.scheduler("kubernetes"))
+    env = planner.job_env(rm, job, registry.scheduler("kubernetes"))
     env = [(k, first_worker(job.name) if k == "MASTER_ADDR" else v) for k, v in env]
     launch, extra_env = mpirun_flags(rm, [k for k, _ in env])
     env += extra_env

@@ -14,8 +14,9 @@ from hpcring.schedulers.shell import Raw, check_line_safe
 from hpcring.version import __version__
 
 
-def _env(rm: RankMap, job: JobSpec, sched: Scheduler) -> list[tuple[str, str]]:
-    """Interconnect defaults, then hpcring's rendezvous variables, then the site's and the job's own."""
+def job_env(rm: RankMap, job: JobSpec, sched: Scheduler) -> list[tuple[str, str]]:
+    """The ranks' environment: interconnect defaults, then hpcring's rendezvous variables, then the site's
+    and the job's own (later wins). Shared by every scheduler's plan, the Kubernetes manifest included."""
     profile, shape = rm.profile, rm.shape
     uses_gpus = shape.gpus_per_rank > 0
     env: list[tuple[str, str]] = interconnect.env_for(profile.node, uses_gpus)
@@ -131,7 +132,7 @@ def build(
         ),
         modules=(*site.modules, *(ctr.modules if ctr else ()), *job.modules),
         module_paths=ctr.module_paths if ctr else (),
-        env=tuple(_env(rm, job, sched)),
+        env=tuple(job_env(rm, job, sched)),
         workdir=job.workdir,
         files=tuple(files),
         container=ctr,
