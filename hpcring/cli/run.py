@@ -100,6 +100,12 @@ def register(parser: argparse.ArgumentParser) -> None:
     )
     add("--dry-run", action="store_true", default=env_flag("HPCRING_DRY_RUN"), help="print the mpiexec line")
     add("--verbose", action="store_true", default=env_flag("HPCRING_VERBOSE"), help="print what runs")
+    add(
+        "--quiet",
+        action="store_true",
+        default=env_flag("HPCRING_QUIET"),
+        help="no startup line naming the ranks, hosts and MPI (errors and elastic notes still print)",
+    )
     eng = parser.add_argument_group("engine settings (exported to every rank)")
     eng.add_argument("--fusion-threshold-mb", metavar="MB", help="HPCRING_FUSION_THRESHOLD (bytes)")
     eng.add_argument("--cycle-time-ms", metavar="MS", help="HPCRING_CYCLE_TIME")
@@ -272,7 +278,9 @@ def main(args: argparse.Namespace) -> int:
     check_command(spec.command)
 
     def show(argv: list[str]) -> None:
-        print(f"hpcring run: {describe(install, spec.np, spec.hosts, spec.emulate_nodes)}", file=sys.stderr)
+        if not args.quiet:
+            line = describe(install, spec.np, spec.hosts, spec.emulate_nodes)
+            print(f"hpcring run: {line}", file=sys.stderr)
         if args.verbose:
             print(f"hpcring run: {shlex.join(argv)}", file=sys.stderr)
 

@@ -416,3 +416,11 @@ def test_mpich_environment_is_detected() -> None:
     proc = run_cli("-np", "2", "--mpi", "openmpi", "--", "true", python=py)
     assert proc.returncode == 2
     assert "the installed MPI is mpich" in proc.stderr
+
+
+@pytest.mark.parametrize(("flag", "env"), [(["--quiet"], {}), ([], {"HPCRING_QUIET": "1"}), ([], {})])
+def test_the_startup_line_and_its_quiet_switch(flag: list[str], env: dict[str, str]) -> None:
+    proc = run_cli("-np", "2", *flag, "--", "true", env=env)
+    assert proc.returncode == 0, proc.stderr
+    startup = [line for line in proc.stderr.splitlines() if line.startswith("hpcring run: 2 ranks on ")]
+    assert len(startup) == (0 if flag or env else 1), proc.stderr
