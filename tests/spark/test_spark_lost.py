@@ -12,6 +12,8 @@ import pytest
 import spark_programs
 from spark_kill import Killer, nothing_left, wait_for_slots
 
+from hpcring.spark.stage import blamed_partition, spark_reason
+
 pytestmark = pytest.mark.timeout(300)
 
 
@@ -54,3 +56,33 @@ def test_a_killed_executor_is_named(spark: Any, tmp_path: Path) -> None:
         assert "ExecutorLostFailure" in str(error)
     finally:
         print(f"4 task slots again after {wait_for_slots(spark.sparkContext, 4, 180):.1f} s")
+
+
+# Spark 4.3's text for the two kills above (abridged to the lines that are read).
+PYTHON_WORKER_KILLED = (
+    "An error occurred while calling z:org.apache.spark.api.python.PythonRDD.collectAndServe.\n"
+    ": org.apache.spark.SparkException: Job aborted due to stage failure: Could not recover from a failed "
+    "barrier ResultStage. Most recent failure reason: Stage failed because barrier task ResultTask(0, 1) "
+    "finished unsuccessfully.\n"
+    "org.apache.spark.SparkException: Python worker exited unexpectedly (crashed).\n"
+    "Caused by: java.io.EOFException"
+)
+EXECUTOR_KILLED = (
+    ": org.apache.spark.SparkException: Job aborted due to stage failure: Could not recover from a failed "
+    "barrier ResultStage. Most recent failure reason: Stage failed because barrier task ResultTask(1, 3) "
+    "finished unsuccessfully.\n"
+    "ExecutorLostFailure (executor 1 exited caused by one of the running tasks) Reason: Command exited with "
+    "code 137"
+)
+
+
+def test_the_blamed_task_and_reason_are_read_from_spark_text() -> None:
+    assert blamed_partition(PYTHON_WORKER_KILLED) == 1
+    assert spark_reason(PYTHON_WORKER_KILLED) == (
+        "org.apache.spark.SparkException: Python worker exited unexpectedly (crashed)."
+    )
+    assert blamed_partition(EXECUTOR_KILLED) == 3
+    assert spark_reason(EXECUTOR_KILLED).startswith("ExecutorLostFailure (executor 1 exited")
+    assert blamed_partition("Task 2 in stage 4.0 failed 1 times") == 2
+    assert blamed_partition("no task here") is None
+    assert spark_reason("\n  first line\nsecond") == "first line"
