@@ -140,6 +140,7 @@ def run_elastic(
                 timeout,
                 {**base_env, contract.GENERATION: str(generation)},
                 remove_after=directory,
+                stale_files=stage.stale_files,
             )
             started = time.monotonic()
             try:

@@ -12,10 +12,20 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 from typing import Any
 
 from hpcring.errors import LaunchError
-from hpcring.spark.task import ENDED, FAILED_KEY, JOINED_KEY, RAISED, SparkJobFailed, run_task
+from hpcring.spark.task import (
+    ENDED,
+    FAILED_KEY,
+    JOINED_KEY,
+    RAISED,
+    SHM_KEY,
+    SparkJobFailed,
+    remove_worker_files,
+    run_task,
+)
 
 LOST = "lost"  # a task that ended without reporting
 _BLAMED = (re.compile(r"barrier task ResultTask\(\d+, (\d+)\)"), re.compile(r"Task (\d+) in stage"))
@@ -60,6 +70,8 @@ class SparkStage:
         self.store = StoreServer()
         host = spark_context.getConf().get("spark.driver.host", "127.0.0.1")
         self.address = f"{host}:{self.store.port}"
+        # host -> MPICH shared-memory files of lost worlds' workers, not yet removed on that host
+        self.stale_files: dict[str, list[str]] = {}
 
     def job(self, size: int, key: str, timeout: float, env: dict[str, str], **extra: Any) -> dict[str, Any]:
         """What every task of one world gets: size, store, world key, timeout, the workers' variables."""
@@ -79,17 +91,25 @@ class SparkStage:
 
         cloudpickle = _deps.require("cloudpickle")
         size = int(job["size"])
-        for prefix in ("world/", FAILED_KEY, JOINED_KEY):
+        for prefix in ("world/", FAILED_KEY, JOINED_KEY, SHM_KEY):
             self.store.clear(prefix)  # a re-formed world must not read the previous one's records
         rdd = self.sc.parallelize(range(size), size).barrier()
         try:
             pickled = rdd.mapPartitions(lambda rows: run_task(job, payload, rows)).collect()
         except Exception as exc:
+            self._collect_stale_files(size)
             raise self.failure(size, exc) from exc
         results = sorted((cloudpickle.loads(p) for p in pickled), key=lambda pair: pair[0])
         if [r for r, _ in results] != list(range(size)):
             raise LaunchError(f"hpcring.spark.{self.api}: expected one result per rank 0..{size - 1}")
         return [value for _, value in results]
+
+    def _collect_stale_files(self, size: int) -> None:
+        """The failed world's workers were killed without MPI_Finalize: remove their shared-memory files
+        on this host now, and keep the other hosts' for the next world's tasks there."""
+        for record in self._records(SHM_KEY, size).values():
+            self.stale_files.setdefault(record["host"], []).extend(record["paths"])
+        remove_worker_files(self.stale_files.pop(socket.gethostname(), []))
 
     def _records(self, prefix: str, size: int) -> dict[int, dict[str, Any]]:
         found = {r: self.store.wait(f"{prefix}{r}", 0) for r in range(size)}

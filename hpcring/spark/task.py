@@ -7,7 +7,10 @@ tasks' workers through the driver's rendezvous store (docs/dev/ray.md), and runs
 
 The task tells the driver's store where it runs (`joined/<rank>`) before it starts its worker, so the driver
 can name a rank whose task is lost without a word (its Python worker or its executor killed). A task that
-fails records its rank, traceback and the kind of failure (`failed/<rank>`) before it raises.
+fails records its rank, traceback and the kind of failure (`failed/<rank>`) before it raises. Once its
+worker joined, it records the MPICH shared-memory files the worker mapped (`shm/<rank>`): a worker killed
+with a lost world leaves them in /dev/shm, and the driver (its own host) or the next world's tasks (theirs)
+remove them.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from hpcring.errors import LaunchError
 
 FAILED_KEY = "failed/"
 JOINED_KEY = "joined/"
+SHM_KEY = "shm/"  # the MPICH shared-memory files a rank's worker mapped, for clean-up after a lost world
+_SHM_PREFIX = "/dev/shm/mpich_shm_"
 STOP_GRACE_S = 6.0  # the worker's MPI_Finalize gets 5 s (hpcring.ray.worker), then it is killed
 # The kinds of failure a task reports: the function raised (its worker lives on), or the worker process
 # ended or could not join (a lost peer, an elastic reset exit, a crash).
@@ -73,6 +78,15 @@ def executor_id(pid: int | None = None) -> str | None:
     return None
 
 
+def remove_worker_files(paths: list[str]) -> None:
+    """Remove the MPICH shared-memory files of workers that were killed (they cannot remove their own:
+    only MPI_Finalize does); any other path is left alone."""
+    for path in paths:
+        if path.startswith(_SHM_PREFIX) and "/" not in path[len(_SHM_PREFIX) :]:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+
+
 def _publish(spec: dict[str, Any], key: str, record: dict[str, Any]) -> None:
     """Set `key` to `record` (with this host and the time) in the driver's store; nothing if unreachable."""
     from hpcring.launch.rendezvous_store import StoreClient
@@ -113,10 +127,11 @@ def _run(job: dict[str, Any], payload: bytes) -> bytes:
     spec = {**job, "rank": rank, "executable": (None, (), {})}
     where = {"rank": rank, "task": task, "executor": executor_id(), "pid": os.getpid()}
     _publish(spec, f"{JOINED_KEY}{rank}", where)
+    remove_worker_files(job.get("stale_files", {}).get(socket.gethostname(), []))  # a lost world's
     actor = WorkerActor()
     try:
         actor.start_worker(spec, float(job["timeout"]))
-        actor.ready()
+        _publish(spec, f"{SHM_KEY}{rank}", {"paths": actor.ready().get("shm", [])})
         result = actor.execute(cloudpickle.loads(payload))
     except BaseException as exc:
         notes = "".join(f"\n{n}" for n in getattr(exc, "__notes__", []))
