@@ -45,6 +45,22 @@ def np_bounds(num_proc: int, min_np: int | None, max_np: int | None) -> tuple[in
     return low, high
 
 
+def _first_size(
+    sc: Any, num_proc: int | None, min_np: int | None, max_np: int | None
+) -> tuple[int, int, int]:
+    """(first world's size, min_np, max_np): `num_proc` (default: the slots), fewer when the cluster has
+    fewer slots (counted for up to REGISTER_WAIT_S), but never fewer than min_np."""
+    options.positive_int("num_proc", num_proc)
+    wanted = num_proc if num_proc is not None else options.slots(sc)
+    low, high = np_bounds(wanted, min_np, max_np)
+    size = min(wanted, options.wait_for_slots(sc, wanted, options.REGISTER_WAIT_S))
+    if size < low:
+        raise ConfigError(
+            f"min_np={low} is more than the {size} task slots of this Spark cluster (num_proc={wanted})"
+        )
+    return size, low, high
+
+
 def _reset_limit(value: int | None) -> int | None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
         raise ConfigError(f"reset_limit must be an integer >= 0 or None, got {value!r}")
@@ -118,13 +134,8 @@ def run_elastic(
     timeout = options.start_timeout(start_timeout)
     worlds_timeout = options.elastic_timeout(elastic_timeout)
     limit = _reset_limit(reset_limit)
-    options.positive_int("num_proc", num_proc)
     sc = spark_context()
-    size = num_proc if num_proc is not None else options.slots(sc)
-    low, high = np_bounds(size, min_np, max_np)
-    size = min(size, options.wait_for_slots(sc, size, options.REGISTER_WAIT_S))
-    if size < low:
-        raise ConfigError(f"min_np={low} is more than the {size} task slots of this Spark cluster")
+    size, low, high = _first_size(sc, num_proc, min_np, max_np)
     user_env = {str(k): str(v) for k, v in (env or {}).items()}
     directory = commit_directory(user_env)
     base_env = {**user_env, contract.ELASTIC: "1", "HOROVOD_ELASTIC": "1", contract.DIRECTORY: directory}
@@ -150,9 +161,10 @@ def run_elastic(
                     raise failure.error from failure.__cause__
                 size = worlds.next_size(failure)
                 if verbose:
+                    why = str(failure.error).removeprefix("hpcring.spark.run_elastic: ")
                     print(
                         f"hpcring.spark.run_elastic: world {generation} ({job['size']} ranks) lost after "
-                        f"{time.monotonic() - started:.1f} s: {failure.error}; re-forming with {size} ranks",
+                        f"{time.monotonic() - started:.1f} s: {why}; re-forming with {size} ranks",
                         flush=True,
                     )
                 generation += 1

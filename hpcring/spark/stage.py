@@ -5,7 +5,8 @@ Spark aborts a barrier result stage at its first failed task and names that task
 (`ResultTask(<stage>, <partition>)`). The task's partition maps to a rank through the `joined/<rank>`
 records the tasks publish at start. That rank either reported its failure (`failed/<rank>`: the function
 raised, or its worker ended) or it did not: its task was lost (Python worker or executor killed), and the
-error names the rank, task, host and executor with Spark's own reason.
+error names the rank, task, host and executor with Spark's own reason. A stage that fails before any rank
+reported counts as lost only when Spark's reason says a process was.
 """
 
 from __future__ import annotations
@@ -28,12 +29,16 @@ from hpcring.spark.task import (
 )
 
 LOST = "lost"  # a task that ended without reporting
+# Spark's reasons that say a task's process was lost (the words of Spark 4.3), as opposed to a stage that
+# failed for a reason a new world would meet again.
+_LOSS_REASONS = ("ExecutorLostFailure", "Python worker exited unexpectedly")
 _BLAMED = (re.compile(r"barrier task ResultTask\(\d+, (\d+)\)"), re.compile(r"Task (\d+) in stage"))
 
 
 class StageFailure(Exception):
     """A failed stage: the error for the caller, and the kind of the failure that ended it (RAISED: the
-    function raised; ENDED: a worker process ended; LOST: a task gone without a report)."""
+    function raised, or the stage failed before any rank reported for a reason other than a lost process;
+    ENDED: a worker process ended; LOST: a task's process gone without a report)."""
 
     def __init__(self, error: SparkJobFailed, kind: str) -> None:
         super().__init__(str(error))
@@ -136,12 +141,12 @@ class SparkStage:
                 LOST,
             )
         if not failed:
+            reason = spark_reason(text)
             return StageFailure(
                 SparkJobFailed(
-                    f"hpcring.spark.{self.api}: the Spark job failed before any rank reported: "
-                    f"{spark_reason(text)}"
+                    f"hpcring.spark.{self.api}: the Spark job failed before any rank reported: {reason}"
                 ),
-                LOST,
+                LOST if any(words in reason for words in _LOSS_REASONS) else RAISED,
             )
         first = failed[rank] if rank is not None else min(failed.values(), key=lambda rec: rec["time"])
         return StageFailure(

@@ -3,6 +3,7 @@ the executor JVM hosting it SIGKILLed, mid-run. Prints the seconds from the kill
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from pathlib import Path
@@ -12,7 +13,8 @@ import pytest
 import spark_programs
 from spark_kill import Killer, nothing_left, wait_for_slots
 
-from hpcring.spark.stage import blamed_partition, spark_reason
+from hpcring.spark.stage import LOST, SparkStage, blamed_partition, spark_reason
+from hpcring.spark.task import ENDED, RAISED
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -86,3 +88,40 @@ def test_the_blamed_task_and_reason_are_read_from_spark_text() -> None:
     assert blamed_partition("Task 2 in stage 4.0 failed 1 times") == 2
     assert blamed_partition("no task here") is None
     assert spark_reason("\n  first line\nsecond") == "first line"
+
+
+@pytest.mark.parametrize(
+    ("records", "text", "kind", "named"),
+    [
+        ({}, EXECUTOR_KILLED, LOST, "failed before any rank reported: ExecutorLostFailure"),
+        ({}, "Task 0 in stage 3.0 failed: ModuleNotFoundError: No module x", RAISED, "ModuleNotFound"),
+        ({"joined/1": {"rank": 1, "task": 3}}, EXECUTOR_KILLED, LOST, "task 3 on h, executor 7"),
+        (
+            {"joined/1": {"rank": 1, "task": 3}, "failed/1": {"rank": 1, "task": 3, "kind": ENDED}},
+            EXECUTOR_KILLED,
+            ENDED,
+            "rank 1 (Spark task 3 on h) failed",
+        ),
+        (
+            {"failed/0": {"rank": 0, "task": 0, "kind": RAISED}},
+            "Task 2 in stage 1.0 failed",
+            RAISED,
+            "rank 0 (Spark task 0 on h) failed",
+        ),
+    ],
+)
+def test_a_failed_stage_is_classified(
+    spark: Any, records: dict[str, dict[str, Any]], text: str, kind: str, named: str
+) -> None:
+    """The driver's reading of a failed stage from the tasks' records (as the tasks write them) and
+    Spark's error text."""
+    stage = SparkStage(spark.sparkContext, "run")
+    try:
+        for key, record in records.items():
+            full = {"host": "h", "executor": "7", "time": 1.0, "traceback": "Traceback: x", **record}
+            stage.store.set(key, json.dumps(full))
+        failure = stage.failure(4, RuntimeError(text))
+    finally:
+        stage.close()
+    assert failure.kind == kind
+    assert named in str(failure.error)
