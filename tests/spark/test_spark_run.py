@@ -3,31 +3,18 @@ the tasks, a failing task named with its traceback, and refusals before anything
 
 from __future__ import annotations
 
-import os
 import time
 import uuid
 from typing import Any
 
 import pytest
 import spark_programs
+from spark_kill import processes_with
 
 from hpcring.errors import ConfigError
 from hpcring.spark.task import ranks_by_host
 
 pytestmark = pytest.mark.timeout(300)
-
-
-def _processes_with(marker: str) -> list[int]:
-    """Pids of processes whose environment holds `marker` (the workers of one test's run)."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as env:
-                if marker.encode() in env.read():
-                    found.append(int(pid))
-        except OSError:
-            continue
-    return found
 
 
 @pytest.mark.parametrize("num_proc", [2, 4])
@@ -62,9 +49,9 @@ def test_a_failing_task_is_named_and_nothing_is_left(spark: Any) -> None:
     assert "ValueError: boom from rank 1" in str(failed.value)
     assert "raise_on" in str(failed.value)  # the worker's traceback
     deadline = time.monotonic() + 20
-    while _processes_with(marker) and time.monotonic() < deadline:
+    while processes_with(marker) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert _processes_with(marker) == []
+    assert processes_with(marker) == []
     # The cluster serves the next job.
     assert hpcring.spark.run(spark_programs.scaled, args=(1,), num_proc=2) == [
         {"rank": r, "value": r} for r in range(2)
