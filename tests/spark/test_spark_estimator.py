@@ -11,12 +11,15 @@ import glob
 import io
 import json
 import os
+import re
 from typing import Any
 
 import estimator_programs as ep
 import numpy as np
 import pytest
 import torch
+
+from hpcring.errors import ConfigError
 
 pytestmark = pytest.mark.timeout(300)
 LR, MOMENTUM, EPOCHS = 0.02, 0.9, 3
@@ -192,16 +195,134 @@ def test_validation_column(frame: Any, tmp_path_factory: pytest.TempPathFactory)
     assert history[-1]["validation"]["loss"] == pytest.approx(mse, rel=1e-5)
 
 
-def test_validation_split(frame: Any, tmp_path_factory: pytest.TempPathFactory) -> None:
+def test_validation_split_is_seeded_and_sharded(frame: Any, tmp_path: Any) -> None:
+    """A float validation holds out about that fraction of the rows, the same rows for the same seed, each
+    part numbered in order and sharded by row % num_proc (the training is the validation column's test)."""
     import pyarrow.parquet as pq
 
-    est = _estimator(
-        str(tmp_path_factory.mktemp("store_split")), num_proc=2, batch_size=4, validation=0.25, random_seed=7
-    )
-    history = est.fit(frame).getHistory()
-    assert len(history) == 1 and history[0]["validation"]["loss"] > 0
-    store = est.getStore()
-    train = pq.read_table(store.get_localized_path(store.get_train_data_path()), columns=["y"]).column(0)
-    val = pq.read_table(store.get_localized_path(store.get_val_data_path()), columns=["y"]).column(0)
+    from hpcring.spark.common.prepare import prepare
+    from hpcring.spark.common.store import Store
+
+    def split(folder: str, seed: int) -> tuple[Any, list[list[float]], list[float]]:
+        store = Store.create(str(tmp_path / folder))
+        prepared = prepare(frame, store, ["x", "s"], ["y"], 0.25, 2, seed)
+        val = pq.read_table(store.get_localized_path(prepared.val_path)).to_pydict()
+        train = pq.read_table(store.get_localized_path(prepared.train_path)).to_pydict()
+        assert (prepared.train_rows, prepared.val_rows) == (len(train["y"]), len(val["y"]))
+        for part in (train, val):
+            assert sorted(part["hpcring_row"]) == list(range(len(part["y"])))
+            assert [r % 2 for r in part["hpcring_row"]] == part["hpcring_shard"]
+        return prepared, sorted(train["y"]), sorted(val["y"])
+
+    prepared, train, val = split("a", 7)
     assert 0 < len(val) < ep.ROWS // 2
-    assert sorted(train.to_pylist() + val.to_pylist()) == sorted(ep.data()[1].tolist())
+    assert sorted(train + val) == sorted(ep.data()[1].tolist())
+    assert prepared.columns["x"].size == 3 and prepared.columns["x"].kind == "array"
+    assert split("b", 7)[1:] == (train, val)
+
+
+def _predictions(df: Any, column: str) -> list[float]:
+    return [r[column] for r in df.orderBy("id").select(column).collect()]
+
+
+def test_transform_save_and_load(fit2: dict[str, Any], frame: Any, tmp_path: Any) -> None:
+    from hpcring.spark.torch import TorchModel
+
+    model = fit2["model"]
+    x, _ = ep.data()
+    xs = torch.tensor(x, dtype=torch.float32)
+    with torch.no_grad():
+        want = model.getModel()(xs[:, :3], xs[:, 3:]).reshape(-1).tolist()
+    assert model.getOutputCols() == ["y__output"]
+    assert _predictions(model.transform(frame), "y__output") == pytest.approx(want, rel=1e-6)
+
+    path = str(tmp_path / "torch_model")
+    model.write().overwrite().save(path)
+    loaded = TorchModel.load(path)
+    assert loaded.uid == model.uid
+    assert loaded.getHistory() == model.getHistory()
+    assert (loaded.getFeatureColumns(), loaded.getLabelColumns()) == (["x", "s"], ["y"])
+    assert loaded.getRunId() == "np2"
+    _close(loaded.getModel(), model.getModel())
+    assert loaded.getOptimizer().state_dict()["param_groups"][0]["lr"] == pytest.approx(LR)
+    assert _predictions(loaded.transform(frame), "y__output") == pytest.approx(want, rel=1e-6)
+
+
+def test_pipeline_model_save_load_transform(fit4: dict[str, Any], frame: Any, tmp_path: Any) -> None:
+    from pyspark.ml import PipelineModel
+
+    pipeline = fit4["pipeline"]
+    x, _ = ep.data()
+    with torch.no_grad():
+        want = pipeline.stages[-1].getModel()(torch.tensor(x, dtype=torch.float32)).reshape(-1).tolist()
+    path = str(tmp_path / "pipeline")
+    pipeline.write().overwrite().save(path)
+    loaded = PipelineModel.load(path)
+    assert [type(s).__name__ for s in loaded.stages] == ["VectorAssembler", "TorchModel"]
+    out = loaded.transform(frame)
+    assert {"features", "y__output"} <= set(out.columns)
+    assert _predictions(out, "y__output") == pytest.approx(want, rel=1e-6)
+
+
+def _no_job(spark: Any, fit: Any, frame: Any) -> ConfigError:
+    """Run `fit(frame)`, which must raise ConfigError, and check it started no Spark job."""
+    sc = spark.sparkContext
+    group = f"refused-{id(fit)}"
+    sc.setJobGroup(group, "a refused fit")
+    try:
+        with pytest.raises(ConfigError) as refused:
+            fit(frame)
+    finally:
+        sc.setLocalProperty("spark.jobGroup.id", None)
+    assert list(sc.statusTracker().getJobIdsForGroup(group)) == []
+    return refused.value
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"epochs": 0}, r"epochs must be a positive integer, got 0"),
+        ({"batch_size": "8"}, r"batch_size must be a positive integer"),
+        ({"validation": 1.5}, r"validation must be a fraction in \[0, 1\)"),
+        ({"feature_cols": "x"}, r"feature_cols must be a non-empty list of column names"),
+        ({"loss": 3}, r"loss must be a callable"),
+        ({"shuffle": "yes"}, r"shuffle must be True or False"),
+        ({"verbose": 5}, r"verbose must be 0, 1 or 2"),
+        ({"run_id": "a/b"}, r"run_id must be None or a name"),
+        ({"metrics": [1]}, r"metrics must be a list whose entries are callables"),
+        ({"input_shapes": [[3, -1]]}, r"input_shapes must be None or a list of shapes"),
+        ({"use_gpu": False}, r"use_gpu is a Horovod parameter hpcring does not support"),
+        ({"epoch": 2}, r"unknown parameter 'epoch'"),
+    ],
+)
+def test_bad_values_are_refused_where_set(tmp_path: Any, settings: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        _estimator(str(tmp_path), **settings)
+    est = _estimator(str(tmp_path))
+    name, value = next(iter(settings.items()))
+    setter = getattr(est, "set" + "".join(p.title() for p in name.split("_")), None)
+    if setter is not None:
+        with pytest.raises(ConfigError, match=message):
+            setter(value)
+
+
+def test_fit_refuses_before_any_spark_job(spark: Any, frame: Any, tmp_path: Any) -> None:
+    other = torch.nn.Linear(4, 1)
+    cases = [
+        ({"feature_cols": ["x", "nope"]}, r"feature_cols names 'nope', which is not a column"),
+        ({"label_cols": ["is_val", "id"], "loss": [torch.nn.MSELoss()]}, r"one loss per label column"),
+        ({"feature_cols": ["x", "s"], "label_cols": ["s"]}, r"label_cols must be columns that are not"),
+        ({"validation": "missing"}, r"validation='missing' must name a boolean or 0/1 column"),
+        ({"num_proc": 5}, r"num_proc=5 is more than the 4 task slots"),
+        ({"optimizer": torch.optim.SGD(other.parameters(), lr=0.1)}, r"optimizer must be built on the model"),
+        ({"batch_size": 64}, r"64 training rows are fewer than batch_size \* num_proc = 64 \* 2"),
+    ]
+    for settings, message in cases[:-1]:
+        est = _estimator(str(tmp_path), **settings)
+        assert re.search(message, str(_no_job(spark, est.fit, frame))), settings
+    # Too few rows for one step is known after counting them, before the training job.
+    est = _estimator(str(tmp_path), num_proc=2, **cases[-1][0])
+    with pytest.raises(ConfigError, match=cases[-1][1]):
+        est.fit(frame)
+    with pytest.raises(ConfigError, match=r"the 'hdfs' scheme is not supported"):
+        _estimator("hdfs://namenode/x")
