@@ -71,7 +71,9 @@ def _estimator(store_dir: str, **kwargs: Any) -> Any:
 
 @pytest.fixture(scope="module")
 def fit2(frame: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """num_proc 2, batch 8, an array and a scalar feature, a metric and a callback."""
+    """num_proc 2, batch 8, an array and a scalar feature, a validation column, a metric and a callback.
+    is_val marks 16 rows: 48 train (3 steps of 8 per rank), and one validation step of 8 per rank that
+    covers all 16, so each epoch's validation loss is the model's MSE on them after that epoch."""
     folder = str(tmp_path_factory.mktemp("callbacks"))
     est = _estimator(
         str(tmp_path_factory.mktemp("store2")),
@@ -79,6 +81,8 @@ def fit2(frame: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]
         batch_size=8,
         epochs=EPOCHS,
         run_id="np2",
+        validation="is_val",
+        val_batch_size=8,
         metrics=[ep.mae],
         callbacks=[functools.partial(ep.record_epoch, folder)],
     )
@@ -114,16 +118,31 @@ def _close(got: torch.nn.Module, want: torch.nn.Module) -> None:
 
 def test_np2_weights_and_history_equal_one_process(fit2: dict[str, Any]) -> None:
     x, y = ep.data()
-    want, losses, maes = ep.reference(
-        fit2["initial"], x, y, batch=16, epochs=EPOCHS, lr=LR * 2, momentum=MOMENTUM
-    )
+    train, val = np.arange(ep.ROWS) % 4 != 3, np.arange(ep.ROWS) % 4 == 3
+    runs = [
+        ep.reference(fit2["initial"], x[train], y[train], batch=16, epochs=e, lr=LR * 2, momentum=MOMENTUM)
+        for e in range(1, EPOCHS + 1)
+    ]
+    want, losses, maes = runs[-1]
     model = fit2["model"]
     _close(model.getModel(), want)
     history = model.getHistory()
     assert [h["epoch"] for h in history] == list(range(EPOCHS))
     assert [h["train"]["loss"] for h in history] == pytest.approx(losses, rel=1e-5)
     assert [h["train"]["all_metrics"][0]["group_0_y"] for h in history] == pytest.approx(maes, rel=1e-5)
-    assert "validation" not in history[0]
+    xv, yv = (
+        torch.tensor(x[val], dtype=torch.float32),
+        torch.tensor(y[val], dtype=torch.float32).reshape(-1, 1),
+    )
+    for entry, (after, _, _) in zip(history, runs, strict=True):
+        with torch.no_grad():
+            out = after(xv[:, :3], xv[:, 3:])
+        assert entry["validation"]["loss"] == pytest.approx(
+            float(torch.nn.functional.mse_loss(out, yv)), rel=1e-5
+        )
+        assert entry["validation"]["all_metrics"][0]["group_0_y"] == pytest.approx(
+            float(ep.mae(out, yv)), rel=1e-5
+        )
     # The returned optimizer holds the trained state with the learning rate as the user gave it.
     opt = model.getOptimizer()
     assert opt.param_groups[0]["lr"] == pytest.approx(LR)
@@ -148,8 +167,10 @@ def test_the_store_holds_the_shards_and_checkpoints(fit2: dict[str, Any]) -> Non
     shards = sorted(os.path.basename(p) for p in glob.glob(f"{train}/hpcring_shard=*"))
     assert shards == ["hpcring_shard=0", "hpcring_shard=1"]
     rows = [pq.read_table(f"{train}/{s}", columns=["hpcring_row"]).column(0).to_pylist() for s in shards]
-    assert sorted(rows[0]) == list(range(0, ep.ROWS, 2))
-    assert sorted(rows[1]) == list(range(1, ep.ROWS, 2))
+    assert sorted(rows[0]) == list(range(0, 48, 2))  # the 48 training rows, numbered in order
+    assert sorted(rows[1]) == list(range(1, 48, 2))
+    val = store.get_localized_path(store.get_val_data_path())
+    assert pq.read_table(val, columns=["hpcring_row"]).num_rows == 16
     checkpoint = store.get_checkpoint_path("np2") + "/" + store.get_checkpoint_filename()
     assert store.get_checkpoints("np2") == [checkpoint]
     state = torch.load(io.BytesIO(store.read(checkpoint)), weights_only=False)
@@ -167,37 +188,9 @@ def test_callbacks_run_on_every_rank_after_each_epoch(fit2: dict[str, Any]) -> N
                 assert json.load(f) == history[epoch]
 
 
-def test_validation_column(frame: Any, tmp_path_factory: pytest.TempPathFactory) -> None:
-    """is_val marks 16 rows: 48 train (3 steps of 8 per rank), and one validation step of 8 per rank that
-    covers all 16, so the last epoch's validation loss is the trained model's MSE on them."""
-    est = _estimator(
-        str(tmp_path_factory.mktemp("store_val")),
-        num_proc=2,
-        batch_size=8,
-        val_batch_size=8,
-        epochs=2,
-        validation="is_val",
-    )
-    initial = ep.copy.deepcopy(est.getModel())
-    model = est.fit(frame)
-    x, y = ep.data()
-    train, val = np.arange(ep.ROWS) % 4 != 3, np.arange(ep.ROWS) % 4 == 3
-    want, losses, _ = ep.reference(
-        initial, x[train], y[train], batch=16, epochs=2, lr=LR * 2, momentum=MOMENTUM
-    )
-    _close(model.getModel(), want)
-    history = model.getHistory()
-    assert [h["train"]["loss"] for h in history] == pytest.approx(losses, rel=1e-5)
-    xv = torch.tensor(x[val], dtype=torch.float32)
-    with torch.no_grad():
-        out = want(xv[:, :3], xv[:, 3:])
-    mse = float(torch.nn.functional.mse_loss(out, torch.tensor(y[val], dtype=torch.float32).reshape(-1, 1)))
-    assert history[-1]["validation"]["loss"] == pytest.approx(mse, rel=1e-5)
-
-
-def test_validation_split_is_seeded_and_sharded(frame: Any, tmp_path: Any) -> None:
-    """A float validation holds out about that fraction of the rows, the same rows for the same seed, each
-    part numbered in order and sharded by row % num_proc (the training is the validation column's test)."""
+def test_validation_split_is_sharded(frame: Any, tmp_path: Any) -> None:
+    """A float validation holds out about that fraction of the rows, each part numbered in order and sharded
+    by row % num_proc (training with validation is the validation column's case, in fit2)."""
     import pyarrow.parquet as pq
 
     from hpcring.spark.common.prepare import prepare
@@ -218,7 +211,6 @@ def test_validation_split_is_seeded_and_sharded(frame: Any, tmp_path: Any) -> No
     assert 0 < len(val) < ep.ROWS // 2
     assert sorted(train + val) == sorted(ep.data()[1].tolist())
     assert prepared.columns["x"].size == 3 and prepared.columns["x"].kind == "array"
-    assert split("b", 7)[1:] == (train, val)
 
 
 def _predictions(df: Any, column: str) -> list[float]:
@@ -234,8 +226,6 @@ def test_transform_save_and_load(fit2: dict[str, Any], frame: Any, tmp_path: Any
     with torch.no_grad():
         want = model.getModel()(xs[:, :3], xs[:, 3:]).reshape(-1).tolist()
     assert model.getOutputCols() == ["y__output"]
-    assert _predictions(model.transform(frame), "y__output") == pytest.approx(want, rel=1e-6)
-
     path = str(tmp_path / "torch_model")
     model.write().overwrite().save(path)
     loaded = TorchModel.load(path)
@@ -245,6 +235,7 @@ def test_transform_save_and_load(fit2: dict[str, Any], frame: Any, tmp_path: Any
     assert loaded.getRunId() == "np2"
     _close(loaded.getModel(), model.getModel())
     assert loaded.getOptimizer().state_dict()["param_groups"][0]["lr"] == pytest.approx(LR)
+    assert loaded.getOutputCols() == ["y__output"]
     assert _predictions(loaded.transform(frame), "y__output") == pytest.approx(want, rel=1e-6)
 
 
