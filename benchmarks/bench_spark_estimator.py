@@ -90,7 +90,7 @@ def main() -> None:
     os.environ["PYSPARK_PYTHON"] = sys.executable
     env = {**mpich_env(), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     builder = SparkSession.builder.master("local-cluster[2,2,1024]").config("spark.ui.enabled", "false")
-    builder = builder.config("spark.driver.host", "127.0.0.1")
+    builder = builder.config("spark.driver.host", "127.0.0.1").config("spark.ui.showConsoleProgress", "false")
     for name, value in env.items():
         builder = builder.config(f"spark.executorEnv.{name}", value)
     session = builder.getOrCreate()

@@ -40,19 +40,23 @@ class TrainSpec:
     verbose: int
 
 
-def tensors(spec: TrainSpec, data: dict[str, Any], rows: Any) -> tuple[list[Any], list[Any]]:
-    """The model's inputs (one per feature column, shaped by input_shapes) and the labels of `rows`."""
+def as_tensors(spec: TrainSpec, data: dict[str, Any]) -> dict[str, Any]:
+    """A shard's columns as torch tensors, converted once: features float32, labels of integer columns
+    int64 (for CrossEntropyLoss), other labels float32."""
     import torch
 
-    inputs = [
-        torch.from_numpy(data[c][rows]).float().reshape(s)
-        for c, s in zip(spec.feature_cols, spec.input_shapes, strict=True)
-    ]
-    labels = []
+    out = {c: torch.from_numpy(data[c]).float() for c in spec.feature_cols}
     for c in spec.label_cols:
-        label = torch.from_numpy(data[c][rows])
-        labels.append(label.long() if spec.columns[c].dtype == "int" else label.float())
-    return inputs, labels
+        label = torch.from_numpy(data[c])
+        out[c] = label.long() if spec.columns[c].dtype == "int" else label.float()
+    return out
+
+
+def tensors(spec: TrainSpec, data: dict[str, Any], rows: Any) -> tuple[list[Any], list[Any]]:
+    """The model's inputs (one per feature column, shaped by input_shapes) and the labels of `rows` (a
+    slice or an index tensor)."""
+    inputs = [data[c][rows].reshape(s) for c, s in zip(spec.feature_cols, spec.input_shapes, strict=True)]
+    return inputs, [data[c][rows] for c in spec.label_cols]
 
 
 def outputs_and_labels(out: Any, labels: list[Any]) -> tuple[list[Any], list[Any]]:
@@ -121,18 +125,26 @@ def _loss_fn(loss: Any) -> Callable[[list[Any], list[Any]], Any]:
 
 
 def _batches(n_rows: int, batch: int, steps: int, order: Any) -> Any:
-    """Row indices of each step: consecutive slices of `order`, wrapping round when steps need more rows."""
+    """The rows of each step: consecutive runs of `order` (None: the shard's own order, given as slices,
+    which index without a copy), wrapping round when the steps need more rows than the shard has."""
     import numpy as np
+    import torch
 
     for step in range(steps):
-        yield order[np.arange(step * batch, (step + 1) * batch) % n_rows]
+        start, end = step * batch, (step + 1) * batch
+        if order is None and end <= n_rows:
+            yield slice(start, end)
+        else:
+            positions = np.arange(start, end) % n_rows
+            yield torch.from_numpy(positions if order is None else order[positions])
 
 
 def _order(n_rows: int, shuffle: bool, seed: int | None, epoch: int, rank: int) -> Any:
+    """This epoch's permutation of the shard's rows, None without shuffling."""
     import numpy as np
 
     if not shuffle:
-        return np.arange(n_rows)
+        return None
     base = 0 if seed is None else seed
     return np.random.default_rng([base, epoch, rank]).permutation(n_rows)
 
@@ -172,8 +184,8 @@ def train(
         torch.manual_seed(spec.seed)
     rank, size = hvd.rank(), hvd.size()
     names = spec.feature_cols + spec.label_cols
-    data = read_shard(spec.train_path, rank, names)
-    val = read_shard(spec.val_path, rank, names) if spec.val_path else None
+    data = as_tensors(spec, read_shard(spec.train_path, rank, names))
+    val = as_tensors(spec, read_shard(spec.val_path, rank, names)) if spec.val_path else None
     for group in optimizer.param_groups:
         group["lr"] = group["lr"] * size
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
