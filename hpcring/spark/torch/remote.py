@@ -9,7 +9,9 @@ learning rate unscaled) into the store's run path after each epoch.
 
 from __future__ import annotations
 
+import functools
 import io
+import operator
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -114,12 +116,14 @@ class _Epoch:
 
 
 def _loss_fn(loss: Any) -> Callable[[list[Any], list[Any]], Any]:
+    """The loss of a step: one function for every output, or one per output, summed over the outputs
+    (added pairwise, without the zero tensor a `sum()` starts from)."""
     fns = list(loss) if isinstance(loss, (list, tuple)) else [loss]
 
     def total(outs: list[Any], labels: list[Any]) -> Any:
-        if len(fns) == 1:
-            return sum(fns[0](o, lab) for o, lab in zip(outs, labels, strict=True))
-        return sum(fn(o, lab) for fn, o, lab in zip(fns, outs, labels, strict=True))
+        per_output = fns * len(outs) if len(fns) == 1 else fns
+        values = [fn(o, lab) for fn, o, lab in zip(per_output, outs, labels, strict=True)]
+        return functools.reduce(operator.add, values)
 
     return total
 
