@@ -20,6 +20,7 @@ _INSTALL = {
     "matplotlib": "pip install 'hpcring[plot]'",
     "sklearn": "pip install 'hpcring[examples]'",
     "pyspark": "pip install 'hpcring[spark]'  (and a Java 17 runtime)",
+    "pyarrow": "pip install 'hpcring[spark]'",
 }
 
 

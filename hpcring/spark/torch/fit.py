@@ -1,0 +1,94 @@
+"""The driver's side of `TorchEstimator.fit`: processes, data preparation, steps, and the run itself."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hpcring.errors import ConfigError
+from hpcring.spark.common.prepare import Prepared, describe, prepare
+from hpcring.spark.torch.remote import TrainSpec, train
+
+
+def _num_proc(df: Any, num_proc: int | None) -> int:
+    """num_proc (default: the cluster's task slots), refused when the cluster has fewer slots: checked
+    before the data preparation's Spark jobs."""
+    slots = int(df.sparkSession.sparkContext.defaultParallelism)
+    if num_proc is None:
+        return slots
+    if num_proc > slots:
+        raise ConfigError(
+            f"TorchEstimator: num_proc={num_proc} is more than the {slots} task slots of this Spark cluster"
+        )
+    return num_proc
+
+
+def _steps(values: dict[str, Any], prepared: Prepared, n: int) -> tuple[int, int, int]:
+    """(train steps, validation batch size, validation steps) per epoch; equal on every rank."""
+    batch = int(values["batch_size"])
+    if prepared.train_rows < batch * n:
+        raise ConfigError(
+            f"TorchEstimator: {prepared.train_rows} training rows are fewer than batch_size * num_proc = "
+            f"{batch} * {n}: lower batch_size or num_proc"
+        )
+    steps = values["train_steps_per_epoch"] or prepared.train_rows // (batch * n)
+    val_batch = int(values["val_batch_size"] or batch)
+    if prepared.val_path is None:
+        return steps, val_batch, 0
+    if prepared.val_rows < n:
+        raise ConfigError(
+            f"TorchEstimator: validation={values['validation']!r} leaves {prepared.val_rows} "
+            f"validation rows, fewer than num_proc={n}"
+        )
+    val_steps = values["validation_steps_per_epoch"] or max(1, prepared.val_rows // (val_batch * n))
+    return steps, val_batch, val_steps
+
+
+def _input_shapes(values: dict[str, Any], prepared: Prepared) -> list[list[int]]:
+    if values["input_shapes"] is not None:
+        return [list(s) for s in values["input_shapes"]]
+    return [[-1, prepared.columns[c].size] for c in values["feature_cols"]]
+
+
+def fit(df: Any, values: dict[str, Any], run_id: str) -> tuple[dict[str, Any], Prepared]:
+    """Prepare `df` into the store and train; returns rank 0's result (with the input shapes) and what
+    was prepared."""
+    import hpcring.spark
+
+    features, labels = list(values["feature_cols"]), list(values["label_cols"])
+    describe(df.schema, features, "feature_cols")
+    describe(df.schema, labels, "label_cols")
+    n = _num_proc(df, values["num_proc"])
+    store = values["store"]
+    prepared = prepare(df, store, features, labels, values["validation"], n, values["random_seed"])
+    steps, val_batch, val_steps = _steps(values, prepared, n)
+    folder = store.get_checkpoint_path(run_id)
+    shapes = _input_shapes(values, prepared)
+    spec = TrainSpec(
+        feature_cols=features,
+        label_cols=labels,
+        columns=prepared.columns,
+        input_shapes=shapes,
+        batch_size=int(values["batch_size"]),
+        val_batch_size=val_batch,
+        epochs=int(values["epochs"]),
+        steps=steps,
+        val_steps=val_steps,
+        shuffle=bool(values["shuffle"]),
+        seed=values["random_seed"],
+        train_path=store.get_localized_path(prepared.train_path),
+        val_path=store.get_localized_path(prepared.val_path) if prepared.val_path else None,
+        checkpoint_file=None
+        if folder is None
+        else store.get_localized_path(folder) + "/" + store.get_checkpoint_filename(),
+        verbose=int(values["verbose"]),
+    )
+    args = (
+        spec,
+        values["model"],
+        values["optimizer"],
+        values["loss"],
+        values["metrics"],
+        values["callbacks"],
+    )
+    results = hpcring.spark.run(train, args=args, num_proc=n)
+    return {**results[0], "input_shapes": shapes}, prepared
