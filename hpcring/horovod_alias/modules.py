@@ -146,6 +146,18 @@ TABLE: dict[str, Alias] = {
             "RayExecutor.start() to build an object in each worker, as with Horovod",
         },
     ),
+    "horovod.spark": Alias(
+        "horovod.spark, answered by hpcring.spark (docs/guide/spark.md).",
+        targets=("hpcring.spark",),
+    ),
+    "horovod.spark.torch": Alias(
+        "horovod.spark.torch, answered by hpcring.spark.torch.", targets=("hpcring.spark.torch",)
+    ),
+    "horovod.spark.common": Alias("horovod.spark.common, answered by hpcring.spark.common."),
+    "horovod.spark.common.store": Alias(
+        "horovod.spark.common.store, answered by hpcring.spark.common.store.",
+        targets=("hpcring.spark.common.store",),
+    ),
 }
 
 _PYTORCH_ONLY = (
@@ -158,8 +170,10 @@ UNAVAILABLE: dict[str, str] = {
     "horovod.keras": _PYTORCH_ONLY,
     "horovod._keras": _PYTORCH_ONLY,
     "horovod.mxnet": _PYTORCH_ONLY,
-    "horovod.spark": "hpcring does not run on Spark: launch with `hpcring run`, render a batch job with "
-    "`hpcring render`, or use Ray executors (horovod.ray / hpcring.ray)",
+    "horovod.spark.keras": _PYTORCH_ONLY + "; on Spark, use horovod.spark.torch.TorchEstimator",
+    "horovod.spark.tensorflow": _PYTORCH_ONLY + "; on Spark, use horovod.spark.torch.TorchEstimator",
+    "horovod.spark.lightning": "hpcring has no Lightning estimator: use horovod.spark.torch.TorchEstimator "
+    "with a plain torch.nn.Module (docs/guide/spark.md)",
 }
 
 

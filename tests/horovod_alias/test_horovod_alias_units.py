@@ -73,7 +73,7 @@ def test_an_unlisted_missing_name_still_names_the_feature(alias: None) -> None:
     assert "allreduce_async" in str(err.value)  # the closest names it has
 
 
-@pytest.mark.parametrize("name", [*sorted(UNAVAILABLE), "horovod.tensorflow.keras", "horovod.spark.torch"])
+@pytest.mark.parametrize("name", [*sorted(UNAVAILABLE), "horovod.tensorflow.keras", "horovod.spark.lightning.estimator"])
 def test_unsupported_frameworks_name_the_feature_and_the_alternative(alias: None, name: str) -> None:
     prefix = next(p for p in UNAVAILABLE if name == p or name.startswith(p + "."))
     with pytest.raises(HorovodFrameworkUnavailable) as err:
@@ -249,3 +249,13 @@ def test_process_set_queries_need_init() -> None:
         "        print(type(e).__name__, 'hvd.init()' in str(e))\n"
     )
     assert _python(code).splitlines() == ["NotInitializedError True"] * 2
+
+
+def test_horovod_spark_is_hpcring_spark(alias: None) -> None:
+    import horovod.spark
+
+    import hpcring.spark
+
+    assert horovod.spark.run is hpcring.spark.run
+    assert horovod.spark.SparkJobFailed is hpcring.spark.SparkJobFailed
+    assert set(hpcring.spark.__all__) <= set(dir(horovod.spark))

@@ -84,8 +84,8 @@ def test_missing_names_name_the_horovod_feature(horovod_torch: ModuleType) -> No
         horovod.ray.BaseHorovodWorker  # noqa: B018
     with pytest.raises(HorovodFrameworkUnavailable, match=r"horovod\.tensorflow.*PyTorch only"):
         import horovod.tensorflow
-    with pytest.raises(HorovodFrameworkUnavailable, match=r"horovod\.spark.*hpcring run"):
-        import horovod.spark.torch
+    with pytest.raises(HorovodFrameworkUnavailable, match=r"horovod\.spark\.keras.*TorchEstimator"):
+        import horovod.spark.keras
 
 
 def test_process_set_queries(horovod_torch: ModuleType) -> None:
