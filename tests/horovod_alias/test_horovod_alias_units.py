@@ -73,7 +73,9 @@ def test_an_unlisted_missing_name_still_names_the_feature(alias: None) -> None:
     assert "allreduce_async" in str(err.value)  # the closest names it has
 
 
-@pytest.mark.parametrize("name", [*sorted(UNAVAILABLE), "horovod.tensorflow.keras", "horovod.spark.lightning.estimator"])
+@pytest.mark.parametrize(
+    "name", [*sorted(UNAVAILABLE), "horovod.tensorflow.keras", "horovod.spark.lightning.estimator"]
+)
 def test_unsupported_frameworks_name_the_feature_and_the_alternative(alias: None, name: str) -> None:
     prefix = next(p for p in UNAVAILABLE if name == p or name.startswith(p + "."))
     with pytest.raises(HorovodFrameworkUnavailable) as err:
@@ -259,3 +261,21 @@ def test_horovod_spark_is_hpcring_spark(alias: None) -> None:
     assert horovod.spark.run is hpcring.spark.run
     assert horovod.spark.SparkJobFailed is hpcring.spark.SparkJobFailed
     assert set(hpcring.spark.__all__) <= set(dir(horovod.spark))
+
+
+def test_horovod_spark_store_is_hpcring_store(alias: None) -> None:
+    import horovod.spark.common.store as hvd_store
+
+    from hpcring.spark.common import store
+
+    assert hvd_store.Store is store.Store and hvd_store.LocalStore is store.LocalStore
+
+
+def test_horovod_spark_torch_estimator_is_hpcring_estimator(alias: None) -> None:
+    pytest.importorskip("pyspark", reason="pyspark is not installed (pip install 'hpcring[spark]')")
+    import horovod.spark.torch as hvd_spark_torch
+
+    import hpcring.spark.torch
+
+    assert hvd_spark_torch.TorchEstimator is hpcring.spark.torch.TorchEstimator
+    assert hvd_spark_torch.TorchModel is hpcring.spark.torch.TorchModel
