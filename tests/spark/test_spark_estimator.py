@@ -317,3 +317,33 @@ def test_fit_refuses_before_any_spark_job(spark: Any, frame: Any, tmp_path: Any)
         est.fit(frame)
     with pytest.raises(ConfigError, match=r"the 'hdfs' scheme is not supported"):
         _estimator("hdfs://namenode/x")
+
+
+def test_a_fit_of_an_earlier_run_id_resumes_from_its_checkpoint(
+    fit2: dict[str, Any], frame: Any, tmp_path: Any
+) -> None:
+    """As Horovod's estimator: a fit whose store holds a checkpoint of its run_id starts from that model
+    and optimizer state. One more epoch of fit2's run (in a copy of its store) equals EPOCHS + 1 epochs of
+    the one-process reference, momentum buffers included; the history counts on from EPOCHS."""
+    import shutil
+
+    source = fit2["estimator"].getStore().get_localized_path(fit2["estimator"].getStore().prefix_path)
+    shutil.copytree(source, tmp_path / "store")
+    resumed = _estimator(
+        str(tmp_path / "store"),
+        num_proc=2,
+        batch_size=8,
+        epochs=1,
+        run_id="np2",
+        validation="is_val",
+        val_batch_size=8,
+    ).fit(frame)
+    x, y = ep.data()
+    train = np.arange(ep.ROWS) % 4 != 3
+    want, losses, _ = ep.reference(
+        fit2["initial"], x[train], y[train], batch=16, epochs=EPOCHS + 1, lr=LR * 2, momentum=MOMENTUM
+    )
+    _close(resumed.getModel(), want)
+    history = resumed.getHistory()
+    assert [h["epoch"] for h in history] == [EPOCHS]
+    assert history[0]["train"]["loss"] == pytest.approx(losses[-1], rel=1e-5)

@@ -49,6 +49,20 @@ def _input_shapes(values: dict[str, Any], prepared: Prepared) -> list[list[int]]
     return [[-1, prepared.columns[c].size] for c in values["feature_cols"]]
 
 
+def resume_state(store: Any, run_id: str, verbose: int) -> bytes | None:
+    """The run's last checkpoint when the store has one: a fit with the `run_id` of an earlier one resumes
+    from its model and optimizer state, as Horovod's estimator does."""
+    folder = store.get_checkpoint_path(run_id)
+    if folder is None:
+        return None
+    path = f"{folder}/{store.get_checkpoint_filename()}"
+    if not store.exists(path):
+        return None
+    if verbose:
+        print(f"TorchEstimator: resuming training from the last checkpoint: {path}", flush=True)
+    return bytes(store.read(path))
+
+
 def fit(df: Any, values: dict[str, Any], run_id: str) -> tuple[dict[str, Any], Prepared]:
     """Prepare `df` into the store and train; returns rank 0's result (with the input shapes) and what
     was prepared."""
@@ -89,6 +103,7 @@ def fit(df: Any, values: dict[str, Any], run_id: str) -> tuple[dict[str, Any], P
         values["loss"],
         values["metrics"],
         values["callbacks"],
+        resume_state(store, run_id, int(values["verbose"])),
     )
     results = hpcring.spark.run(train, args=args, num_proc=n)
     return {**results[0], "input_shapes": shapes}, prepared

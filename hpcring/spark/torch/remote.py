@@ -175,10 +175,30 @@ def _write(path: str, data: bytes) -> None:
     os.replace(tmp, path)
 
 
+def _resume(model: Any, optimizer: Any, checkpoint: bytes | None) -> int:
+    """Load a checkpoint of an earlier fit of the same run (learning rate unscaled in it, as written);
+    the first epoch of this fit."""
+    import torch
+
+    if checkpoint is None:
+        return 0
+    state = torch.load(io.BytesIO(checkpoint), weights_only=False)
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    return int(state["epoch"]) + 1
+
+
 def train(
-    spec: TrainSpec, model: Any, optimizer: Any, loss: Any, metrics: Sequence[Any], callbacks: Sequence[Any]
+    spec: TrainSpec,
+    model: Any,
+    optimizer: Any,
+    loss: Any,
+    metrics: Sequence[Any],
+    callbacks: Sequence[Any],
+    resume: bytes | None = None,
 ) -> dict[str, Any]:
-    """One rank's training; returns {'history', 'checkpoint' (rank 0's bytes, None elsewhere), 'epoch_s'}."""
+    """One rank's training, from `resume` (an earlier checkpoint of the run) when given; returns
+    {'history', 'checkpoint' (rank 0's bytes, None elsewhere), 'epoch_s'}."""
     import torch
 
     import hpcring.torch as hvd
@@ -190,6 +210,7 @@ def train(
     names = spec.feature_cols + spec.label_cols
     data = as_tensors(spec, read_shard(spec.train_path, rank, names))
     val = as_tensors(spec, read_shard(spec.val_path, rank, names)) if spec.val_path else None
+    first = _resume(model, optimizer, resume)
     for group in optimizer.param_groups:
         group["lr"] = group["lr"] * size
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
@@ -199,7 +220,7 @@ def train(
     history: list[dict[str, Any]] = []
     epoch_s: list[float] = []
     n_rows = len(data[names[0]])
-    for epoch in range(spec.epochs):
+    for epoch in range(first, first + spec.epochs):
         start = time.perf_counter()
         model.train()
         sums = _Epoch(spec, metrics)
@@ -224,7 +245,8 @@ def train(
             print(f"epoch {epoch}: {entry}", flush=True)
         for callback in callbacks:
             callback(epoch, entry)
-    checkpoint = _checkpoint(spec, model, optimizer, size, spec.epochs - 1) if rank == 0 else None
+    last = first + spec.epochs - 1
+    checkpoint = _checkpoint(spec, model, optimizer, size, last) if rank == 0 else None
     return {"history": history, "checkpoint": checkpoint, "epoch_s": epoch_s}
 
 
