@@ -66,3 +66,29 @@ def test_a_batch_gives_shaped_float_features_and_typed_labels() -> None:
     assert s.dtype == torch.float32 and s.tolist() == [[4], [2]]
     assert cls.dtype == torch.int64 and cls.tolist() == [0, 1]
     assert y.dtype == torch.float32 and y.tolist() == [3.5, 1.5]
+
+
+def test_features_are_shaped_once_per_row_or_per_batch_and_writable() -> None:
+    """An input shape [-1, *row] shapes the whole shard once (a batch is a slice); any other shape is
+    applied to each batch. Either way the tensors are writable copies of pyarrow's read-only arrays."""
+    spec = TrainSpec(
+        feature_cols=["img", "pair"],
+        label_cols=["y"],
+        columns={
+            "img": Column("img", "array", "float", 4),
+            "pair": Column("pair", "array", "float", 4),
+            "y": Column("y", "scalar", "float", 1),
+        },
+        input_shapes=[[-1, 1, 2, 2], [-1, 2]],
+        batch_size=2, val_batch_size=2, epochs=1, steps=1, val_steps=0, shuffle=False, seed=None,
+        train_path="", val_path=None, checkpoint_file=None, verbose=0,
+    )  # fmt: skip
+    rows = np.arange(16, dtype=np.float64).reshape(4, 4)
+    rows.flags.writeable = False
+    data = as_tensors(spec, {"img": rows, "pair": rows, "y": np.zeros(4)})
+    assert data["img"].shape == (4, 1, 2, 2) and data["pair"].shape == (4, 4)
+    (img, pair), _ = tensors(spec, data, slice(2, 4))
+    assert img.shape == (2, 1, 2, 2) and img.flatten().tolist() == list(range(8, 16))
+    assert pair.shape == (4, 2) and pair.flatten().tolist() == list(range(8, 16))  # 2 rows as [-1, 2]
+    data["img"] += 1  # writable: no shared read-only memory
+    assert rows[0, 0] == 0
