@@ -10,16 +10,14 @@ from hpcring.spark.torch.remote import TrainSpec, train
 
 
 def _num_proc(df: Any, num_proc: int | None) -> int:
-    """num_proc (default: the cluster's task slots), refused when the cluster has fewer slots: checked
-    before the data preparation's Spark jobs."""
-    slots = int(df.sparkSession.sparkContext.defaultParallelism)
-    if num_proc is None:
-        return slots
-    if num_proc > slots:
-        raise ConfigError(
-            f"TorchEstimator: num_proc={num_proc} is more than the {slots} task slots of this Spark cluster"
-        )
-    return num_proc
+    """num_proc as `hpcring.spark.run` checks it (default: the cluster's task slots; more than it has is
+    refused), checked before the data preparation's Spark jobs."""
+    from hpcring.spark import options
+
+    try:
+        return options.num_proc(df.sparkSession.sparkContext, num_proc)
+    except ConfigError as exc:
+        raise ConfigError(f"TorchEstimator: {exc}") from None
 
 
 def _steps(values: dict[str, Any], prepared: Prepared, n: int) -> tuple[int, int, int]:
