@@ -10,6 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpcring.files import write_whole
+
 # A worker exits with this code after it has saved its state because the world must change size (hosts were
 # added or removed, or a collective failed under it). The driver relaunches instead of failing the job.
 RESET_EXIT_CODE = 75  # EX_TEMPFAIL: "try again"
@@ -41,11 +43,7 @@ class Notice:
 
 def write_notice(path: str | Path, notice: Mapping[str, object]) -> None:
     """Write the notice file atomically (a reader sees the old notice or the new one, never half of one)."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(dict(notice)))
-    os.replace(tmp, target)
+    write_whole(path, json.dumps(dict(notice)).encode())
 
 
 def read_notice(path: str | Path | None) -> Notice | None:

@@ -17,15 +17,9 @@ import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
+from hpcring.files import write_whole
 from hpcring.launch.pyrun import _exit_now, _mpi_active
 from hpcring.launch.run_function import PAYLOAD, error_name, result_name
-
-
-def _write(path: Path, data: bytes) -> None:
-    """Whole or not at all: the caller never reads half a file."""
-    tmp = path.with_name(path.name + ".part")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
 
 
 def _fail(folder: Path, rank: int, exc: BaseException) -> None:
@@ -40,7 +34,7 @@ def _fail(folder: Path, rank: int, exc: BaseException) -> None:
         "message": str(exc),
         "traceback": text,
     }
-    _write(folder / error_name(rank), json.dumps(report).encode())
+    write_whole(folder / error_name(rank), json.dumps(report).encode())
     if _mpi_active():
         _exit_now(1)
     sys.exit(1)
@@ -70,7 +64,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     except BaseException as exc:  # every failure goes back to the caller
         _fail(folder, rank, exc)
         return
-    _write(folder / result_name(rank, size), data)
+    write_whole(folder / result_name(rank, size), data)
 
 
 if __name__ == "__main__":

@@ -36,6 +36,7 @@ FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "hpcring.malloc_policy",
             "hpcring.horovod_env",
             "hpcring.contracts",
+            "hpcring.files",
         ),
     ),
     ("collectives and job scripts", ("hpcring.collective", "hpcring.schedulers")),

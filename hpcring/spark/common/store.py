@@ -14,6 +14,7 @@ import re
 from typing import ClassVar
 
 from hpcring.errors import ConfigError
+from hpcring.files import write_whole
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):")
 
@@ -129,12 +130,7 @@ class FilesystemStore(Store):
 
     def write(self, path: str, data: bytes) -> None:
         """Write `data` to `path` whole: a reader sees the old file or the new one (rename), never half."""
-        local = self.get_localized_path(path)
-        os.makedirs(os.path.dirname(local) or ".", exist_ok=True)
-        tmp = f"{local}.tmp{os.getpid()}"
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, local)
+        write_whole(self.get_localized_path(path), data)
 
     def write_text(self, path: str, text: str) -> None:
         self.write(path, text.encode())

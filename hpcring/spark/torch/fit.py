@@ -47,14 +47,16 @@ def _input_shapes(values: dict[str, Any], prepared: Prepared) -> list[list[int]]
     return [[-1, prepared.columns[c].size] for c in values["feature_cols"]]
 
 
-def resume_state(store: Any, run_id: str, verbose: int) -> bytes | None:
-    """The run's last checkpoint when the store has one: a fit with the `run_id` of an earlier one resumes
-    from its model and optimizer state, as Horovod's estimator does."""
+def checkpoint_file(store: Any, run_id: str) -> str | None:
+    """The run's checkpoint file (full path), None when the store keeps no runs."""
     folder = store.get_checkpoint_path(run_id)
-    if folder is None:
-        return None
-    path = f"{folder}/{store.get_checkpoint_filename()}"
-    if not store.exists(path):
+    return None if folder is None else f"{folder}/{store.get_checkpoint_filename()}"
+
+
+def resume_state(store: Any, path: str | None, verbose: int) -> bytes | None:
+    """The run's last checkpoint (`path`) when the store has one: a fit with the `run_id` of an earlier
+    one resumes from its model and optimizer state, as Horovod's estimator does."""
+    if path is None or not store.exists(path):
         return None
     if verbose:
         print(f"TorchEstimator: resuming training from the last checkpoint: {path}", flush=True)
@@ -73,7 +75,7 @@ def fit(df: Any, values: dict[str, Any], run_id: str) -> tuple[dict[str, Any], P
     store = values["store"]
     prepared = prepare(df, store, features, labels, values["validation"], n, values["random_seed"])
     steps, val_batch, val_steps = _steps(values, prepared, n)
-    folder = store.get_checkpoint_path(run_id)
+    checkpoint = checkpoint_file(store, run_id)
     shapes = _input_shapes(values, prepared)
     spec = TrainSpec(
         feature_cols=features,
@@ -89,9 +91,7 @@ def fit(df: Any, values: dict[str, Any], run_id: str) -> tuple[dict[str, Any], P
         seed=values["random_seed"],
         train_path=store.get_localized_path(prepared.train_path),
         val_path=store.get_localized_path(prepared.val_path) if prepared.val_path else None,
-        checkpoint_file=None
-        if folder is None
-        else store.get_localized_path(folder) + "/" + store.get_checkpoint_filename(),
+        checkpoint_file=None if checkpoint is None else store.get_localized_path(checkpoint),
         verbose=int(values["verbose"]),
     )
     args = (
@@ -101,7 +101,7 @@ def fit(df: Any, values: dict[str, Any], run_id: str) -> tuple[dict[str, Any], P
         values["loss"],
         values["metrics"],
         values["callbacks"],
-        resume_state(store, run_id, int(values["verbose"])),
+        resume_state(store, checkpoint, int(values["verbose"])),
     )
     results = hpcring.spark.run(train, args=args, num_proc=n)
     return {**results[0], "input_shapes": shapes}, prepared

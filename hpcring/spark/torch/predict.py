@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -42,18 +43,12 @@ def _partition(payload: bytes, columns: list[str], shapes: list[list[int]], vect
 
         model = _deps.require("cloudpickle").loads(payload)
         model.eval()
-        batch: list[Any] = []
-        for row in [*rows, None]:
-            if row is not None:
-                batch.append(row)
-            if batch and (row is None or len(batch) == PREDICT_BATCH):
-                preds = predict_rows(model, batch, columns, shapes)
-                for i, r in enumerate(batch):
-                    values = [
-                        DenseVector(p[i]) if vec else p[i] for p, vec in zip(preds, vectors, strict=True)
-                    ]
-                    yield (*r, *values)
-                batch = []
+        rows = iter(rows)  # batches are taken as the rows stream in: a partition is never held whole
+        while batch := list(itertools.islice(rows, PREDICT_BATCH)):
+            preds = predict_rows(model, batch, columns, shapes)
+            for i, r in enumerate(batch):
+                values = [DenseVector(p[i]) if vec else p[i] for p, vec in zip(preds, vectors, strict=True)]
+                yield (*r, *values)
 
     return run
 

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from hpcring.files import write_whole
 from hpcring.spark.common.prepare import Column
 from hpcring.spark.common.shards import read_shard
 
@@ -181,16 +182,6 @@ def _checkpoint(spec: TrainSpec, model: Any, optimizer: Any, size: int, epoch: i
     return buffer.getvalue()
 
 
-def _write(path: str, data: bytes) -> None:
-    import os
-
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
-
-
 def _resume(model: Any, optimizer: Any, checkpoint: bytes | None) -> int:
     """Load a checkpoint of an earlier fit of the same run (learning rate unscaled in it, as written);
     the first epoch of this fit."""
@@ -256,7 +247,7 @@ def train(
         epoch_s.append(time.perf_counter() - start)
         history.append(entry)
         if rank == 0 and spec.checkpoint_file:
-            _write(spec.checkpoint_file, _checkpoint(spec, model, optimizer, size, epoch))
+            write_whole(spec.checkpoint_file, _checkpoint(spec, model, optimizer, size, epoch))
         if spec.verbose and rank == 0:
             print(f"epoch {epoch}: {entry}", flush=True)
         for callback in callbacks:
