@@ -70,7 +70,11 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     "map": Subcommand(
         "hpcring.cli.map",
         "show which node, CPUs, GPUs and NIC each rank of a job gets",
-        ("hpcring map --profile frontier --nodes 2", "hpcring map --profile summit --nodes 1 --format erf"),
+        (
+            "hpcring map --profile frontier --nodes 2",
+            "hpcring map --profile summit --nodes 1 --format erf",
+            "hpcring map --profile frontier --nodes 2 --plot frontier.svg",
+        ),
     ),
     "render": Subcommand(
         "hpcring.cli.render",
