@@ -4,8 +4,9 @@ Runs as a rank program (every rank executes it; rank 0 prints). For each size, d
 `hpcring.allreduce` on preallocated buffers, and raw mpi4py `Comm.Allreduce` on the very same buffers in the
 same run (row `mpi4py-raw`), so the ratio between them is not blurred by load that changes between runs.
 Time is the median iteration on each rank, then the maximum over ranks; algbw = bytes / time and busbw =
-algbw * 2(n-1)/n (the nccl-tests convention: the bandwidth each link must sustain). Every result is checked
-against the exact expected sum (#wrong counts wrong elements over all ranks).
+algbw * 2(n-1)/n (the nccl-tests convention: the bandwidth each link must sustain); vs-raw = raw MPI's time /
+this row's time at the same size and dtype (above 1: faster than raw MPI). Every result is checked against the
+exact expected sum (#wrong counts wrong elements over all ranks).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,7 @@ class Row:
     algbw: float  # GB/s (1e9 bytes/s)
     busbw: float
     wrong: int
+    vs_raw: float | None = None  # mpi4py-raw's time / this row's time at the same size and dtype (>1: faster)
 
 
 def parse_size(text: str) -> int:
@@ -164,18 +166,29 @@ def measure(
                 rows.append(
                     Row(nbytes, count, name, label, t_max * 1e6, algbw, algbw * bus_factor(n), wrong_all)
                 )
-    return rows
+    return with_ratios(rows)
+
+
+def with_ratios(rows: Sequence[Row]) -> list[Row]:
+    """Each row with `vs_raw` filled in where the same size and dtype has a raw MPI row (None elsewhere)."""
+    raw = {(r.size, r.dtype): r.time_us for r in rows if r.algorithm == RAW}
+    out = []
+    for r in rows:
+        base = raw.get((r.size, r.dtype))
+        out.append(replace(r, vs_raw=base / r.time_us if base is not None and r.time_us > 0 else None))
+    return out
 
 
 def format_table(rows: Sequence[Row]) -> str:
     """nccl-tests style fixed-width table."""
     head = f"{'size':>12} {'count':>12} {'type':>9} {'algorithm':>13} {'time(us)':>11} "
-    head += f"{'algbw(GB/s)':>11} {'busbw(GB/s)':>11} {'#wrong':>7}"
+    head += f"{'algbw(GB/s)':>11} {'busbw(GB/s)':>11} {'vs-raw':>7} {'#wrong':>7}"
     lines = ["#" + head[1:]]
     for r in rows:
+        ratio = "-" if r.vs_raw is None else f"{r.vs_raw:.2f}x"
         lines.append(
             f"{r.size:>12} {r.count:>12} {r.dtype:>9} {r.algorithm:>13} {r.time_us:>11.1f} "
-            f"{r.algbw:>11.3f} {r.busbw:>11.3f} {r.wrong:>7}"
+            f"{r.algbw:>11.3f} {r.busbw:>11.3f} {ratio:>7} {r.wrong:>7}"
         )
     return "\n".join(lines)
 

@@ -28,7 +28,7 @@ def register(parser: argparse.ArgumentParser) -> None:
         help="allreduce sweep: hpcring algorithms vs raw mpi4py Allreduce",
         description="Time allreduce from --minbytes to --maxbytes on every rank of the job, with each "
         "hpcring algorithm and with raw mpi4py Allreduce, and print an nccl-tests style table (algbw, "
-        "busbw, ratio to raw MPI). Every flag also reads HPCRING_BENCH_<FLAG>.",
+        "busbw, and vs-raw: raw MPI's time over the row's). Every flag also reads HPCRING_BENCH_<FLAG>.",
         epilog=epilog(
             (
                 "hpcring run -np 4 -- python -m hpcring bench allreduce -b 8 -e 64M -f 4",

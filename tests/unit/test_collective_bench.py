@@ -54,13 +54,27 @@ ROWS = [
 
 
 def test_table_and_json(tmp_path: Path) -> None:
-    table = bench.format_table(ROWS).splitlines()
-    assert table[0].startswith("#") and "busbw(GB/s)" in table[0] and "#wrong" in table[0]
-    assert table[1].split() == ["1024", "256", "float32", "mpi4py-raw", "10.0", "0.100", "0.150", "0"]
+    rows = bench.with_ratios(ROWS)
+    table = bench.format_table(rows).splitlines()
+    assert table[0].split()[-3:] == ["busbw(GB/s)", "vs-raw", "#wrong"]
+    assert table[1].split() == [
+        "1024",
+        "256",
+        "float32",
+        "mpi4py-raw",
+        "10.0",
+        "0.100",
+        "0.150",
+        "1.00x",
+        "0",
+    ]
+    assert table[2].split()[-2:] == ["0.80x", "0"]  # raw's 10 us against ring's 12.5 us at the same size
+    assert table[3].split()[-2:] == ["-", "0"]  # no raw row at 2048 bytes
     out = tmp_path / "r.json"
-    bench.write_json(out, ROWS, {"ranks": 4})
+    bench.write_json(out, rows, {"ranks": 4})
     data = json.loads(out.read_text())
     assert data["ranks"] == 4 and data["results"][1]["algorithm"] == "ring"
+    assert [r["vs_raw"] for r in data["results"]] == [1.0, 0.8, None]
 
 
 def test_plot_writes_png(tmp_path: Path) -> None:
