@@ -50,6 +50,13 @@ def register(parser: argparse.ArgumentParser) -> None:
         default=env("HPCRING_WAIT_TIMEOUT"),
         help="give up waiting after this many seconds [HPCRING_WAIT_TIMEOUT]",
     )
+    parser.add_argument(
+        "--quiet",
+        action="store_true",
+        default=env_flag("HPCRING_QUIET"),
+        help="with --wait, print no line at each change of the job's state (pending, running, ...); those "
+        "lines appear only on a terminal anyway [HPCRING_QUIET]",
+    )
 
 
 def _script_path(args: argparse.Namespace, name: str) -> Path:
@@ -74,7 +81,7 @@ def check_wait_flags(args: argparse.Namespace) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from hpcring.cli import job_flags
+    from hpcring.cli import job_flags, progress
     from hpcring.cli.render import prepare, write_script
     from hpcring.schedulers import submission
     from hpcring.schedulers.plan import Plan
@@ -102,7 +109,10 @@ def main(args: argparse.Namespace) -> int:
     print(job_id, flush=True)
     if not args.wait:
         return 0
-    result = submission.wait(p.scheduler, job_id, poll=args.poll, timeout=args.wait_timeout)
+    on_change = progress.state_printer(sys.stderr, args.quiet)
+    result = submission.wait(
+        p.scheduler, job_id, poll=args.poll, timeout=args.wait_timeout, on_change=on_change
+    )
     print(
         f"hpcring submit: job {job_id} ended: {result.state}, exit code {result.exit_code}", file=sys.stderr
     )

@@ -17,6 +17,21 @@ class JobResult:
     exit_code: int
 
 
+@dataclass(frozen=True)
+class Active:
+    """A job that has not ended: the scheduler's own word for its state, and which phase that is (`pending`,
+    `running`, `suspended`), so that `submit --wait` can say when a job starts whatever the scheduler."""
+
+    word: str
+    phase: str
+
+
+def active(word: str, phases: dict[str, str]) -> Active:
+    """`word` with its phase from a scheduler's table; a word the table lacks counts as running, the safe side
+    for a job the scheduler still lists."""
+    return Active(word, phases.get(word, "running"))
+
+
 def run(argv: Sequence[str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
     try:
         return subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, check=False)

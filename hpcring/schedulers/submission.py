@@ -8,9 +8,12 @@ from collections.abc import Callable, Sequence
 
 from hpcring.errors import SubmitError
 from hpcring.schedulers import flux_jobs, lsf_jobs, pbs_jobs, slurm_jobs
-from hpcring.schedulers.jobstate import JobResult, run
+from hpcring.schedulers.jobstate import Active, JobResult, run
 
 __all__ = ["JobResult", "submit", "wait"]
+
+# Called at each change of a waited-for job's phase: (job id, the new phase's text, seconds in the previous).
+OnChange = Callable[[str, str, float], None]
 
 ID_PARSERS: dict[str, Callable[[str], str | None]] = {
     "slurm": slurm_jobs.job_id,
@@ -18,7 +21,7 @@ ID_PARSERS: dict[str, Callable[[str], str | None]] = {
     "pbs": pbs_jobs.job_id,
     "flux": flux_jobs.job_id,
 }
-STATES: dict[str, Callable[[str], JobResult | None]] = {
+STATES: dict[str, Callable[[str], JobResult | Active | None]] = {
     "slurm": slurm_jobs.state,
     "lsf": lsf_jobs.state,
     "pbs": pbs_jobs.state,
@@ -39,14 +42,32 @@ def submit(scheduler: str, argv: Sequence[str]) -> str:
     return job_id
 
 
-def wait(scheduler: str, job_id: str, poll: float = 0.5, timeout: float | None = None) -> JobResult:
-    """Poll until the job ends; its exit code is the job's (128+signal when killed)."""
+def wait(
+    scheduler: str,
+    job_id: str,
+    poll: float = 0.5,
+    timeout: float | None = None,
+    on_change: OnChange | None = None,
+) -> JobResult:
+    """Poll until the job ends; its exit code is the job's (128+signal when killed). `on_change` hears each
+    change of phase (pending, running, suspended, then the final state) with the time spent in the last."""
     state = STATES[scheduler]
-    start = time.monotonic()
+    start = since = time.monotonic()
+    shown = ""
     while True:
         result = state(job_id)
-        if result is not None:
+        now = time.monotonic()
+        text = result.state if isinstance(result, JobResult) else _phase_text(result) if result else shown
+        if on_change is not None and text != shown:
+            on_change(job_id, text, now - since)
+            shown, since = text, now
+        if isinstance(result, JobResult):
             return result
-        if timeout is not None and time.monotonic() - start > timeout:
+        if timeout is not None and now - start > timeout:
             raise SubmitError(f"job {job_id} still running after {timeout:.0f} s (it was left running)")
         time.sleep(poll)
+
+
+def _phase_text(state: Active) -> str:
+    """`running`, or `pending (PD)` where the scheduler's own word differs from the phase's name."""
+    return state.phase if state.word.lower() == state.phase else f"{state.phase} ({state.word})"

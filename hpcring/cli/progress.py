@@ -1,0 +1,37 @@
+"""What a person at a terminal sees while a command waits: one line per change, nothing when piped or quiet.
+
+Lines rather than a redrawn bar: a job's phases change a few times over minutes to days, and a scrolled record
+of when each began is what a person reads back later (terminal detection is the stream's own `isatty`).
+"""
+
+from __future__ import annotations
+
+from typing import TextIO
+
+from hpcring.schedulers.submission import OnChange
+
+
+def duration(seconds: float) -> str:
+    """`4.2 s`, `3 min 07 s`, `2 h 05 min`: as precise as a person needs at that scale."""
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes = int(seconds // 60)
+    if minutes < 60:
+        return f"{minutes} min {int(seconds % 60):02d} s"
+    return f"{minutes // 60} h {minutes % 60:02d} min"
+
+
+def state_printer(stream: TextIO, quiet: bool) -> OnChange | None:
+    """A `submission.wait` callback that prints each phase change to `stream`, or None when `stream` is not a
+    terminal or `quiet` is set (scripts that read stderr get only the final line, as before)."""
+    if quiet or not stream.isatty():
+        return None
+    previous = ""
+
+    def show(job_id: str, text: str, seconds: float) -> None:
+        nonlocal previous
+        after = f" after {duration(seconds)} {previous}" if previous else ""
+        print(f"hpcring submit: job {job_id} {text}{after}", file=stream, flush=True)
+        previous = text
+
+    return show
