@@ -19,7 +19,8 @@ def register(parser: argparse.ArgumentParser) -> None:
         "--format",
         choices=FORMATS,
         default=env("HPCRING_MAP_FORMAT") or "table",
-        help="output format [HPCRING_MAP_FORMAT]",
+        help="output format: a table, JSON records, or a launcher's own notation; default table "
+        "[HPCRING_MAP_FORMAT]",
     )
     parser.add_argument(
         "--plot",

@@ -20,11 +20,13 @@ def register(parser: argparse.ArgumentParser) -> None:
 
     job_flags.add_shape_args(parser)
     job_flags.add_script_args(parser)
-    parser.add_argument("-o", "--out", default=env("HPCRING_OUT"), help="script path [HPCRING_OUT]")
+    parser.add_argument(
+        "-o", "--out", default=env("HPCRING_OUT"), help="write the job script to this path [HPCRING_OUT]"
+    )
     parser.add_argument(
         "--script-dir",
         default=env("HPCRING_SCRIPT_DIR") or "hpcring-jobs",
-        help="where scripts go without -o [HPCRING_SCRIPT_DIR, default ./hpcring-jobs]",
+        help="folder for job scripts when -o is not given; default ./hpcring-jobs [HPCRING_SCRIPT_DIR]",
     )
     parser.add_argument(
         "--dry-run",
@@ -42,7 +44,7 @@ def register(parser: argparse.ArgumentParser) -> None:
         "--poll",
         type=float,
         default=env("HPCRING_POLL") or "0.5",
-        help="seconds between state polls with --wait [HPCRING_POLL]",
+        help="seconds between state polls with --wait; default 0.5 [HPCRING_POLL]",
     )
     parser.add_argument(
         "--wait-timeout",
