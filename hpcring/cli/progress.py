@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TextIO
 
-from hpcring.schedulers.submission import OnChange
+from hpcring.schedulers.jobstate import OnChange
 
 
 def duration(seconds: float) -> str:
@@ -28,10 +28,10 @@ def state_printer(stream: TextIO, quiet: bool) -> OnChange | None:
         return None
     previous = ""
 
-    def show(job_id: str, text: str, seconds: float) -> None:
+    def show(what: str, text: str, seconds: float) -> None:
         nonlocal previous
         after = f" after {duration(seconds)} {previous}" if previous else ""
-        print(f"hpcring submit: job {job_id} {text}{after}", file=stream, flush=True)
+        print(f"hpcring submit: {what} {text}{after}", file=stream, flush=True)
         previous = text
 
     return show

@@ -3,17 +3,13 @@ scheduler's state query every `poll` seconds (`<scheduler>_jobs` modules, by sch
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 
 from hpcring.errors import SubmitError
 from hpcring.schedulers import flux_jobs, lsf_jobs, pbs_jobs, slurm_jobs
-from hpcring.schedulers.jobstate import Active, JobResult, run
+from hpcring.schedulers.jobstate import Active, JobResult, OnChange, poll_until_end, run
 
-__all__ = ["JobResult", "submit", "wait"]
-
-# Called at each change of a waited-for job's phase: (job id, the new phase's text, seconds in the previous).
-OnChange = Callable[[str, str, float], None]
+__all__ = ["JobResult", "OnChange", "submit", "wait"]
 
 ID_PARSERS: dict[str, Callable[[str], str | None]] = {
     "slurm": slurm_jobs.job_id,
@@ -51,23 +47,5 @@ def wait(
 ) -> JobResult:
     """Poll until the job ends; its exit code is the job's (128+signal when killed). `on_change` hears each
     change of phase (pending, running, suspended, then the final state) with the time spent in the last."""
-    state = STATES[scheduler]
-    start = since = time.monotonic()
-    shown = ""
-    while True:
-        result = state(job_id)
-        now = time.monotonic()
-        text = result.state if isinstance(result, JobResult) else _phase_text(result) if result else shown
-        if on_change is not None and text != shown:
-            on_change(job_id, text, now - since)
-            shown, since = text, now
-        if isinstance(result, JobResult):
-            return result
-        if timeout is not None and now - start > timeout:
-            raise SubmitError(f"job {job_id} still running after {timeout:.0f} s (it was left running)")
-        time.sleep(poll)
-
-
-def _phase_text(state: Active) -> str:
-    """`running`, or `pending (PD)` where the scheduler's own word differs from the phase's name."""
-    return state.phase if state.word.lower() == state.phase else f"{state.phase} ({state.word})"
+    query = STATES[scheduler]
+    return poll_until_end(lambda: query(job_id), f"job {job_id}", poll, timeout, on_change)

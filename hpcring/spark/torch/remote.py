@@ -250,8 +250,8 @@ def train(
         if rank == 0 and spec.checkpoint_file:
             write_whole(spec.checkpoint_file, _checkpoint(spec, model, optimizer, size, epoch))
         if spec.verbose and rank == 0:
-            names = metric_names(sums.groups, spec.label_cols)
-            print(format_epoch(epoch, first + spec.epochs - 1, entry, epoch_s[-1], names), flush=True)
+            shown = metric_names(sums.groups, spec.label_cols)
+            print(format_epoch(epoch, first + spec.epochs - 1, entry, epoch_s[-1], shown), flush=True)
         for callback in callbacks:
             callback(epoch, entry)
     last = first + spec.epochs - 1
