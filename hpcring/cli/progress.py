@@ -8,17 +8,8 @@ from __future__ import annotations
 
 from typing import TextIO
 
+from hpcring.durations import duration
 from hpcring.schedulers.jobstate import OnChange
-
-
-def duration(seconds: float) -> str:
-    """`4.2 s`, `3 min 07 s`, `2 h 05 min`: as precise as a person needs at that scale."""
-    if seconds < 60:
-        return f"{seconds:.1f} s"
-    minutes = int(seconds // 60)
-    if minutes < 60:
-        return f"{minutes} min {int(seconds % 60):02d} s"
-    return f"{minutes // 60} h {minutes % 60:02d} min"
 
 
 def state_printer(stream: TextIO, quiet: bool) -> OnChange | None:

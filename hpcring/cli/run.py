@@ -10,6 +10,7 @@ import argparse
 import os
 import shlex
 import sys
+import time
 from typing import TYPE_CHECKING
 
 from hpcring.cli import horovodrun_flags
@@ -24,6 +25,7 @@ from hpcring.config import (
 from hpcring.errors import ConfigError, choices
 from hpcring.launch.command import LaunchSpec, build, describe
 from hpcring.launch.hosts import parse_host_list, parse_hostfile
+from hpcring.launch.run_summary import summary
 from hpcring.launch.target import check_command
 
 if TYPE_CHECKING:
@@ -125,8 +127,8 @@ def register(parser: argparse.ArgumentParser) -> None:
         "--quiet",
         action="store_true",
         default=env_flag("HPCRING_QUIET"),
-        help="no startup line naming the ranks, hosts and MPI (errors and elastic notes still print) "
-        "[HPCRING_QUIET]",
+        help="no startup line naming the ranks, hosts and MPI and no closing summary (errors and elastic "
+        "notes still print) [HPCRING_QUIET]",
     )
     eng = parser.add_argument_group("engine settings (exported to every rank)")
     e = eng.add_argument
@@ -347,7 +349,11 @@ def main(args: argparse.Namespace) -> int:
         if args.verbose:
             print(f"hpcring run: {shlex.join(argv)}", file=sys.stderr)
 
-    return sup.run(on_start=show)
+    began = time.monotonic()
+    code = sup.run(on_start=show)
+    if code == 0 and not args.quiet:
+        print(summary(spec.np, time.monotonic() - began, sup.rank_times()), file=sys.stderr)
+    return code
 
 
 def _run_elastic(args: argparse.Namespace, install: MpiInstall, spec: LaunchSpec, elastic: object) -> int:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcring.cli import progress
+from hpcring.durations import duration
 
 SBATCH = """#!/bin/bash
 id=4321
@@ -115,4 +115,4 @@ def test_quiet_or_piped_shows_only_the_end(env: dict[str, str], tmp_path: Path) 
     ("seconds", "text"), [(4.24, "4.2 s"), (187, "3 min 07 s"), (7500, "2 h 05 min"), (59.96, "60.0 s")]
 )
 def test_durations_read_at_their_scale(seconds: float, text: str) -> None:
-    assert progress.duration(seconds) == text
+    assert duration(seconds) == text
