@@ -124,6 +124,24 @@ def _operation(label: str, comm: Any, x: NDArray, out: NDArray, validate: bool) 
     return lambda: hc.allreduce(x, out=out, algorithm=label, validate=validate)
 
 
+def cells(
+    sizes: Sequence[int], dtype_names: Sequence[str], algorithms: Sequence[str], *, raw: bool, one_node: bool
+) -> list[tuple[str, int, str]]:
+    """The sweep's cells in order: (dtype, element count, algorithm or RAW). Raw MPI has no half types and
+    `shm` needs every rank on one node."""
+    out = []
+    for name in dtype_names:
+        itemsize = numpy_dtype(name).itemsize
+        for size in sizes:
+            count = size // itemsize
+            if count == 0:
+                continue
+            labels = [RAW] if raw and name not in dtypes.HALF else []
+            labels += [a for a in algorithms if a != "shm" or one_node]
+            out += [(name, count, label) for label in labels]
+    return out
+
+
 def measure(
     sizes: Sequence[int],
     dtype_names: Sequence[str],
@@ -133,39 +151,39 @@ def measure(
     warmup: int,
     raw: bool = True,
     validate: bool = True,
-    progress: Callable[[str], None] | None = None,
+    progress: Callable[[int], Any] | None = None,
 ) -> list[Row]:
-    """Run the sweep on the initialised hpcring world; every rank returns the same rows."""
+    """Run the sweep on the initialised hpcring world; every rank returns the same rows. `progress(total)`
+    gives a tqdm-like bar that is advanced once per cell and closed at the end."""
     import hpcring.collective as hc
 
     topo = hc.topology()
     comm, n = topo.comm, topo.size
     MPI = mpi()
+    plan = cells(sizes, dtype_names, algorithms, raw=raw, one_node=len(topo.node_sizes) == 1)
+    bar = progress(len(plan)) if progress else None
     rows: list[Row] = []
-    for name in dtype_names:
+    buffers: tuple[str, int, NDArray, NDArray, NDArray] | None = None
+    for name, count, label in plan:
         dt = numpy_dtype(name)
-        for size in sizes:
-            count = size // dt.itemsize
-            if count == 0:
-                continue
+        if buffers is None or buffers[:2] != (name, count):
             x = pattern(count, topo.rank, dt)
-            want = expected(count, n, dt)
-            out = np.empty_like(x)
-            labels = [RAW] if raw and name not in dtypes.HALF else []
-            labels += [a for a in algorithms if a != "shm" or len(topo.node_sizes) == 1]
-            for label in labels:
-                if progress:
-                    progress(f"{name} {count * dt.itemsize} B {label}")
-                out.fill(0)
-                t = _time_loop(comm, _operation(label, comm, x, out, validate), iters, warmup)
-                wrong = int(np.count_nonzero(out != want))
-                t_max = comm.allreduce(t, op=MPI.MAX)
-                wrong_all = comm.allreduce(wrong, op=MPI.SUM)
-                nbytes = count * dt.itemsize
-                algbw = nbytes / t_max / 1e9 if t_max > 0 else 0.0
-                rows.append(
-                    Row(nbytes, count, name, label, t_max * 1e6, algbw, algbw * bus_factor(n), wrong_all)
-                )
+            buffers = (name, count, x, expected(count, n, dt), np.empty_like(x))
+        _, _, x, want, out = buffers
+        nbytes = count * dt.itemsize
+        if bar is not None:
+            bar.set_description_str(f"{name} {nbytes} B {label}")
+        out.fill(0)
+        t = _time_loop(comm, _operation(label, comm, x, out, validate), iters, warmup)
+        wrong = int(np.count_nonzero(out != want))
+        t_max = comm.allreduce(t, op=MPI.MAX)
+        wrong_all = comm.allreduce(wrong, op=MPI.SUM)
+        algbw = nbytes / t_max / 1e9 if t_max > 0 else 0.0
+        rows.append(Row(nbytes, count, name, label, t_max * 1e6, algbw, algbw * bus_factor(n), wrong_all))
+        if bar is not None:
+            bar.update(1)
+    if bar is not None:
+        bar.close()
     return with_ratios(rows)
 
 
@@ -223,18 +241,17 @@ def plot(path: Path, rows: Sequence[Row], title: str) -> None:
     plt.close(fig)
 
 
-def progress_printer(enabled: bool) -> Callable[[str], None] | None:
-    """A one-line stderr progress display, only on a terminal."""
-    if not enabled or not sys.stderr.isatty():
+def progress_printer(enabled: bool) -> Callable[[int], Any] | None:
+    """A progress bar on stderr for a sweep of `total` cells (tqdm), shown only on a terminal and cleared at
+    the end; None when not `enabled` (every rank but the lead)."""
+    if not enabled:
         return None
-    step = [0]
+    from tqdm import tqdm
 
-    def show(text: str) -> None:
-        step[0] += 1
-        sys.stderr.write(f"\r\x1b[K[{step[0]}] {text}")
-        sys.stderr.flush()
+    def bar(total: int) -> Any:
+        return tqdm(total=total, file=sys.stderr, leave=False, disable=None, unit="cell", dynamic_ncols=True)
 
-    return show
+    return bar
 
 
 def algorithm_choices() -> list[str]:

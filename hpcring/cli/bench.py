@@ -137,8 +137,6 @@ def main(args: argparse.Namespace) -> int:
     )
     if not lead:
         return 1 if any(r.wrong for r in rows) else 0
-    if sys.stderr.isatty():
-        sys.stderr.write("\r\x1b[K")
     desc = topo.describe()
     library = mpi().Get_library_version().splitlines()[0].strip()
     header = {
