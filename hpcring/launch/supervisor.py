@@ -185,6 +185,7 @@ class Conn:
     exited: bool = False
     heard: float = field(default_factory=time.monotonic)  # when anything last arrived from the wrapper
     outbox: bytearray = field(default_factory=bytearray)  # control frames the socket has not taken yet
+    ended: float | None = None  # when the wrapper reported its rank's exit (monotonic)
 
 
 class Supervisor:
@@ -223,6 +224,7 @@ class Supervisor:
         self.hold_until: float | None = None  # elastic: others run on until then (VERDICT_HOLD_S)
         self.interrupted: int | None = None
         self.started = False
+        self.released_at: float | None = None  # when every rank had checked in and was sent its environment
         self.abort_at: float | None = None
         self.mpiexec: subprocess.Popen[bytes] | None = None
         self.master_port = free_port()
@@ -484,9 +486,17 @@ class Supervisor:
                 protocol.json_frame(protocol.GO, {"override": override, "defaults": defaults}),
             )
         self.started = True
+        self.released_at = time.monotonic()
+
+    def rank_times(self) -> dict[int, tuple[str, float]]:
+        """rank -> (host, seconds from its release to its exit report), for the ranks that reported."""
+        if self.released_at is None:
+            return {}
+        return {r: (c.host, c.ended - self.released_at) for r, c in self.conns.items() if c.ended is not None}
 
     def _exited(self, conn: Conn, report: dict[str, object]) -> None:
         conn.exited = True
+        conn.ended = time.monotonic()
         for kind in list(conn.partial):
             self._emit(conn, kind, b"", final=True)
         code = report.get("code")

@@ -37,6 +37,7 @@ FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "hpcring.horovod_env",
             "hpcring.contracts",
             "hpcring.files",
+            "hpcring.durations",
         ),
     ),
     ("collectives and job scripts", ("hpcring.collective", "hpcring.schedulers")),
