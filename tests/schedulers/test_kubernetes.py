@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 import yaml
-from k8s_helpers import PROFILE, containers, kubelet_expand, manifest, plan, variant, write_exe
+from k8s_helpers import PROFILE, containers, manifest, plan, variant, write_exe
+from kubelet import kubelet_expand
 
 from hpcring.errors import ConfigError, ProfileError
 from hpcring.schedulers import kubernetes_crd, kubernetes_manifest, mapping, profile

@@ -1,0 +1,146 @@
+"""The MPIJob `hpcring render` writes, run in an EMULATION of the Kubeflow MPI Operator's pods
+(mpijob_pods.py): podman containers of the MPIJob image (containers/Dockerfile.mpijob) laid out as the
+operator's controller lays out pods: one launcher and two workers on one network with the Service's DNS names,
+the hostfile and discover_hosts.sh at /etc/mpi, the SSH Secret at sshAuthMountPath, workers running
+`/usr/sbin/sshd -De`. No Kubernetes runs here; the launcher runs exactly the rendered command and environment,
+parsed from the YAML.
+
+Proves: Open MPI 5's mpirun reaches both workers over ssh with the operator's files, ranks land slotsPerWorker
+to a worker and never on the launcher, the digits example trains across them (hpcring.torch) and the launcher
+exits 0; with a worker missing it fails loudly (non-zero, well within the timeout); without the rendered
+`--hostfile` no rank reaches a worker. Opt-in like the other image tests (HPCRING_TEST_PODMAN=1, root).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from mpijob_pods import OperatorPods, worker_hosts
+from podman_images import BUILD_TIMEOUT, ROOT, Containers, build_image, output
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(BUILD_TIMEOUT + 600)]
+
+IN_IMAGE = Path(__file__).resolve().parent / "in_image"
+PROFILE = Path(__file__).resolve().parent / "profiles" / "emulated-k8s.yaml"
+MPIJOB_IMAGE = "localhost/hpcring:mpijob"
+WORKERS, SLOTS, EPOCHS = 2, 2, 3
+RANK_LINE = re.compile(r"^rank (\d+)/(\d+) on (\S+) local (\d+)/(\d+)$", re.M)
+EPOCH = re.compile(r"^epoch\s+(\d+)\s.*test accuracy ([0-9.]+)$", re.M)
+
+
+@pytest.fixture(scope="module")
+def mpijob_image(containers: Containers) -> str:
+    """The MPIJob image, built FROM the session's CPU image (seconds once the CPU image exists)."""
+    t0 = time.monotonic()
+    proc = build_image("build-mpijob", timeout=BUILD_TIMEOUT)
+    sys.stderr.write(
+        f"\n[podman] ci/build-image.sh build-mpijob: rc={proc.returncode} in {time.monotonic() - t0:.0f} s\n"
+    )
+    if proc.returncode != 0:
+        pytest.fail(f"ci/build-image.sh build-mpijob failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
+    return MPIJOB_IMAGE
+
+
+def rendered(out: Path) -> dict[str, Any]:
+    """`hpcring render` of the digits job for the emulated profile, loaded back from the YAML it prints."""
+    argv = [sys.executable, "-m", "hpcring", "render", "--profile", str(PROFILE), "--nodes", str(WORKERS)]
+    argv += ["--ranks", str(WORKERS * SLOTS), "--image", MPIJOB_IMAGE, "--job-name", "digits", "--"]
+    argv += [
+        "python",
+        "/tests/mpijob_train.py",
+        "--epochs",
+        str(EPOCHS),
+        "--json-metrics",
+        "/out/metrics.json",
+    ]
+    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    obj: dict[str, Any] = yaml.safe_load(proc.stdout)
+    out.mkdir()
+    return obj
+
+
+@pytest.fixture
+def pods(containers: Containers, mpijob_image: str, tmp_path: Path) -> Iterator[OperatorPods]:
+    obj = rendered(tmp_path / "out")
+    volumes = [f"{IN_IMAGE}:/tests:ro", f"{tmp_path / 'out'}:/out"]
+    emulation = OperatorPods(obj, mpijob_image, tmp_path, containers, volumes)
+    try:
+        yield emulation
+    finally:
+        emulation.close()
+
+
+def test_rendered_mpijob_trains_across_the_workers(pods: OperatorPods, tmp_path: Path) -> None:
+    t0 = time.monotonic()
+    hosts = pods.start_workers()
+    ready = time.monotonic() - t0
+    proc = pods.run_launcher(timeout=300)
+    took = time.monotonic() - t0
+    sys.stderr.write(
+        f"\n[podman] emulated MPIJob: workers ready in {ready:.1f} s, launcher rc={proc.returncode} "
+        f"after {took:.1f} s in all\n"
+    )
+    assert proc.returncode == 0, output(proc)
+    ranks = {
+        int(r): (host, int(local), int(size)) for r, _, host, local, size in RANK_LINE.findall(proc.stdout)
+    }
+    n = WORKERS * SLOTS
+    assert sorted(ranks) == list(range(n)), output(proc)
+    for rank, (host, local, local_size) in ranks.items():
+        # --map-by ppr:SLOTS:node over the hostfile's order: ranks fill worker 0, then worker 1.
+        assert host == hosts[rank // SLOTS] and local == rank % SLOTS and local_size == SLOTS, (rank, ranks)
+    assert {host for host, _, _ in ranks.values()} == set(worker_hosts(pods.obj)), ranks
+    epochs = [(int(e), float(a)) for e, a in EPOCH.findall(proc.stdout)]
+    assert [e for e, _ in epochs] == list(range(1, EPOCHS + 1)), output(proc)
+    metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert metrics["size"] == n and metrics["epochs"] == EPOCHS, metrics
+    assert metrics["test_accuracy"] > 0.5, metrics  # 3 epochs of 4 ranks: well above chance (0.1)
+
+
+def test_missing_worker_fails_loudly(pods: OperatorPods) -> None:
+    """Worker 1 never starts (its DNS record does not exist, as when its pod is gone): the launcher must fail
+    with a non-zero status, not hang and not train on fewer pods."""
+    pods.start_workers(count=WORKERS - 1)
+    t0 = time.monotonic()
+    proc = pods.run_launcher(timeout=120)
+    took = time.monotonic() - t0
+    sys.stderr.write(
+        f"\n[podman] emulated MPIJob, 1 of {WORKERS} workers: rc={proc.returncode} in {took:.1f} s\n"
+    )
+    assert proc.returncode not in (0, 124, 137), output(proc)
+    assert took < 90, took
+    assert not RANK_LINE.search(proc.stdout), output(proc)
+    missing = worker_hosts(pods.obj)[-1]
+    assert f"{missing}.digits.default.svc" in proc.stderr, output(proc)  # ssh names the unresolvable pod
+
+
+def test_operator_variable_alone_keeps_ranks_off_the_workers(pods: OperatorPods) -> None:
+    """Why mpirun names the hostfile: without `--hostfile`, Open MPI 5 has only the operator's
+    OMPI_MCA_orte_default_hostfile, which PRRTE ignores (kubeflow/mpi-operator issue 842), so no rank reaches
+    a worker: they all run in the launcher pod (oversubscribed, as the image allows) or mpirun refuses."""
+    (launcher,) = pods.obj["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"]
+    command = list(launcher["command"])
+    at = command.index("--hostfile")
+    assert command[at + 1] == "/etc/mpi/hostfile"
+    launcher["command"] = command[:at] + command[at + 2 :]
+    launcher["command"][launcher["command"].index("--epochs") + 1] = "1"
+    pods.start_workers()
+    proc = pods.run_launcher(timeout=300)
+    hosts = {host for _, _, host, _, _ in RANK_LINE.findall(proc.stdout)}
+    sys.stderr.write(
+        f"\n[podman] emulated MPIJob without --hostfile: rc={proc.returncode}, ranks on {hosts}\n"
+    )
+    if proc.returncode == 0:
+        assert hosts == {"digits-launcher"}, output(proc)
+    else:
+        assert not hosts & set(worker_hosts(pods.obj)), output(proc)
