@@ -118,16 +118,29 @@ def argv(container: dict[str, Any], env: dict[str, str]) -> list[str]:
     return [kubelet_expand(w, env) for w in words]
 
 
-def ssh_secret(directory: Path, mount_path: str) -> Path:
+def ssh_secret(directory: Path, mount_path: str, image: str) -> Path:
     """The operator's Secret as files: an ECDSA P-521 key (PEM, as the controller's x509.MarshalECPrivateKey)
-    and its public half twice; mode 0600 only under /root/.ssh, as the controller sets it."""
+    and its public half twice; mode 0600 only under /root/.ssh, as the controller sets it. The image's own
+    ssh-keygen makes the key (the test machine need not have OpenSSH)."""
     directory.mkdir(parents=True)
-    key = directory / "id_rsa"
-    subprocess.run(
-        ["ssh-keygen", "-q", "-t", "ecdsa", "-b", "521", "-m", "PEM", "-N", "", "-C", "", "-f", str(key)],
-        check=True,
-        timeout=60,
-    )
+    keygen = [
+        "ssh-keygen",
+        "-q",
+        "-t",
+        "ecdsa",
+        "-b",
+        "521",
+        "-m",
+        "PEM",
+        "-N",
+        "",
+        "-C",
+        "",
+        "-f",
+        "/s/id_rsa",
+    ]
+    made = podman("run", "--rm", "--network", "none", "-v", f"{directory}:/s", image, *keygen, timeout=120)
+    assert made.returncode == 0, made.stderr
     public = (directory / "id_rsa.pub").read_text()
     (directory / "authorized_keys").write_text(public)
     mode = 0o600 if mount_path == ROOT_SSH else 0o644
@@ -179,7 +192,7 @@ class OperatorPods:
         made = podman("network", "create", self.network, timeout=60)
         assert made.returncode == 0, made.stderr
         self.mount = str(self.obj["spec"].get("sshAuthMountPath", ROOT_SSH))
-        self.secret = ssh_secret(self.work / "ssh-secret", self.mount)
+        self.secret = ssh_secret(self.work / "ssh-secret", self.mount, self.image)
 
     def _pod(self, host: str, worker: bool) -> list[str]:
         """podman options of a pod: network, host name, Service DNS record, search list, SSH Secret."""

@@ -33,7 +33,7 @@ IN_IMAGE = Path(__file__).resolve().parent / "in_image"
 PROFILE = Path(__file__).resolve().parent / "profiles" / "emulated-k8s.yaml"
 MPIJOB_IMAGE = "localhost/hpcring:mpijob"
 WORKERS, SLOTS, EPOCHS = 2, 2, 3
-RANK_LINE = re.compile(r"^rank (\d+)/(\d+) on (\S+) local (\d+)/(\d+)$", re.M)
+RANK_LINE = re.compile(r"^rank (\d+)/(\d+) on (\S+) local (\d+)/(\d+) omp (\S+)$", re.M)
 EPOCH = re.compile(r"^epoch\s+(\d+)\s.*test accuracy ([0-9.]+)$", re.M)
 
 
@@ -91,9 +91,9 @@ def test_rendered_mpijob_trains_across_the_workers(pods: OperatorPods, tmp_path:
         f"after {took:.1f} s in all\n"
     )
     assert proc.returncode == 0, output(proc)
-    ranks = {
-        int(r): (host, int(local), int(size)) for r, _, host, local, size in RANK_LINE.findall(proc.stdout)
-    }
+    found = RANK_LINE.findall(proc.stdout)
+    assert {omp for *_, omp in found} == {"1"}, output(proc)  # the image's ENV, through sshd's SetEnv
+    ranks = {int(r): (host, int(local), int(size)) for r, _, host, local, size, _ in found}
     n = WORKERS * SLOTS
     assert sorted(ranks) == list(range(n)), output(proc)
     for rank, (host, local, local_size) in ranks.items():
@@ -136,7 +136,7 @@ def test_operator_variable_alone_keeps_ranks_off_the_workers(pods: OperatorPods)
     launcher["command"][launcher["command"].index("--epochs") + 1] = "1"
     pods.start_workers()
     proc = pods.run_launcher(timeout=300)
-    hosts = {host for _, _, host, _, _ in RANK_LINE.findall(proc.stdout)}
+    hosts = {host for _, _, host, *_ in RANK_LINE.findall(proc.stdout)}
     sys.stderr.write(
         f"\n[podman] emulated MPIJob without --hostfile: rc={proc.returncode}, ranks on {hosts}\n"
     )

@@ -7,6 +7,7 @@ the workers it started: ranks on the workers only (never the launcher), slotsPer
 
 from __future__ import annotations
 
+import os
 import socket
 import sys
 
@@ -30,7 +31,12 @@ def main() -> int:
     hpcring.init()
     r, n = hpcring.rank(), hpcring.size()
     everyone = hosts()
-    print(f"rank {r}/{n} on {everyone[r]} local {hpcring.local_rank()}/{hpcring.local_size()}", flush=True)
+    # OMP_NUM_THREADS comes from the image's ENV, which reaches ranks on a worker only through sshd's SetEnv.
+    omp = os.environ.get("OMP_NUM_THREADS", "unset")
+    print(
+        f"rank {r}/{n} on {everyone[r]} local {hpcring.local_rank()}/{hpcring.local_size()} omp {omp}",
+        flush=True,
+    )
     if r == 0:
         print(f"hosts by rank: {','.join(everyone)}", flush=True)
     code: int = train_digits.main(sys.argv[1:])
