@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import subprocess
 import sys
 from importlib import resources
@@ -397,3 +398,15 @@ def test_capabilities_only_when_the_profile_asks() -> None:
     assert kubernetes_crd.errors(obj) == []
     for role in ("Launcher", "Worker"):
         assert containers(obj, role)[0]["securityContext"] == {"capabilities": {"add": ["IPC_LOCK"]}}
+
+
+def test_golden_mpijob() -> None:
+    """The whole manifest of the built-in template (2 nodes, Open MPI) as reviewed, in
+    golden/generic-k8s-gpu-mpijob.yaml. `HPCRING_UPDATE_GOLDEN=1` rewrites it after an intended change (the
+    profile's digest is in it)."""
+    text = kubernetes_manifest.render(plan(nodes=2, image="registry.example/hpcring:mpijob"))
+    golden = ROOT / "tests" / "schedulers" / "golden" / "generic-k8s-gpu-mpijob.yaml"
+    if os.environ.get("HPCRING_UPDATE_GOLDEN") == "1":
+        golden.write_text(text)
+    assert golden.exists(), f"missing golden file {golden}; run with HPCRING_UPDATE_GOLDEN=1"
+    assert text == golden.read_text()
