@@ -23,7 +23,8 @@
 #   HPCRING_PODMAN_DIR   podman storage + config (default /var/tmp/hpcring-podman; `reset` deletes it)
 #   HPCRING_IMAGE        image tag (default localhost/hpcring:cpu)
 #   HPCRING_DEF_IMAGE    tag of the image built from the .def (default localhost/hpcring:sif)
-#   HPCRING_MPIJOB_IMAGE tag of the MPIJob image (default localhost/hpcring:mpijob)
+#   HPCRING_MPIJOB_MPI   build-mpijob: MPI wheel of the MPIJob image (default: the CPU image's Open MPI; mpich)
+#   HPCRING_MPIJOB_IMAGE tag of the MPIJob image (default localhost/hpcring:mpijob, or ...:mpijob-mpich)
 #   HPCRING_DEBIAN_MIRROR  Debian mirror for the base (default: the first URI in /etc/apt/sources.list.d/debian.sources)
 #   HPCRING_IMAGE_TORCH_INDEX  extra index for torch (default: the Dockerfile's, or the host's first local index)
 #   HPCRING_BUILD_OPTS   extra `podman build` options for the image, e.g. --no-cache (split on spaces)
@@ -33,7 +34,6 @@ cd "$(dirname "$0")/.."
 DIR=${HPCRING_PODMAN_DIR:-/var/tmp/hpcring-podman}
 IMAGE=${HPCRING_IMAGE:-localhost/hpcring:cpu}
 DEF_IMAGE=${HPCRING_DEF_IMAGE:-localhost/hpcring:sif}
-MPIJOB_IMAGE=${HPCRING_MPIJOB_IMAGE:-localhost/hpcring:mpijob}
 BASE=localhost/debian:bookworm
 PY=${PYTHON:-.venv/bin/python}
 [ -x "$PY" ] || PY=python3
@@ -167,15 +167,20 @@ build_def() {
   log "built $DEF_IMAGE from singularity/hpcring.def in $((SECONDS - t0)) s"
 }
 
-# The MPIJob pods' image: the CPU image plus sshd (apt from the base's Debian mirror, hence the host network).
-# Its context is containers/ alone: the Dockerfile copies nothing.
+# The MPIJob pods' image: the CPU image plus sshd (apt from the base's Debian mirror, hence the host network);
+# HPCRING_MPIJOB_MPI=mpich swaps its MPI wheel (pip with the host's sources, as in build). Its context is
+# containers/ alone: the Dockerfile copies nothing.
 build_mpijob() {
   setup
-  local t0=$SECONDS
+  local t0=$SECONDS mpi=${HPCRING_MPIJOB_MPI:-}
+  local tag=${HPCRING_MPIJOB_IMAGE:-localhost/hpcring:mpijob${mpi:+-$mpi}}
   pm image exists "$IMAGE" || { echo "$0: $IMAGE not built yet: run '$0 build' first" >&2; exit 1; }
-  pm build --format docker --network host --build-arg "BASE_IMAGE=$IMAGE" -f containers/Dockerfile.mpijob \
-    -t "$MPIJOB_IMAGE" containers
-  log "built $MPIJOB_IMAGE from containers/Dockerfile.mpijob in $((SECONDS - t0)) s"
+  local sources vols=()
+  sources=$(pip_sources)
+  while read -r m; do [ -n "$m" ] && vols+=(-v "$m:ro"); done < <(tail -n +2 <<<"$sources")
+  pm build --format docker --network host "${vols[@]}" --build-arg "BASE_IMAGE=$IMAGE" --build-arg "MPI=$mpi" \
+    --build-arg "HPCRING_PIP_ARGS=$(head -1 <<<"$sources")" -f containers/Dockerfile.mpijob -t "$tag" containers
+  log "built $tag from containers/Dockerfile.mpijob in $((SECONDS - t0)) s"
 }
 
 smoke() {
