@@ -252,6 +252,7 @@ class KubernetesOptions:
     rdma_resources: tuple[tuple[str, int], ...] = ()  # device-plugin resources per worker pod
     shm_size: str | None = None  # sizeLimit of the memory-backed /dev/shm
     capabilities: tuple[str, ...] = ()  # added to the containers (IPC_LOCK for RDMA memory registration)
+    worker_memory: str | None = None  # memory request and limit of a worker pod (required to render)
     ssh_auth_mount_path: str = "/root/.ssh"
     clean_pod_policy: str = "Running"
     backoff_limit: int | None = None
