@@ -54,7 +54,6 @@ NASTY = [
 ]
 
 
-@pytest.fixture
 def _image(prof: Any, payload: str) -> str:
     """An image the site's runtime takes: a SquashFS file for CSCS's Container Engine (which refuses .sif),
     an Apptainer image elsewhere."""
@@ -62,6 +61,7 @@ def _image(prof: Any, payload: str) -> str:
     return f"/img/{payload}.sqsh" if engine else f"/img/{payload}.sif"
 
 
+@pytest.fixture
 def sandbox(tmp_path: Path) -> dict[str, Any]:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
