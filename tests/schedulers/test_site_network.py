@@ -191,3 +191,24 @@ def test_hostile_network_values_stay_quoted(tmp_path: Path) -> None:
 def make_plan_from(p: Profile) -> Plan:
     spec = JobSpec(nodes=1, account="a", steps=(Step(("./app",)),))
     return planner.build(mapping.build(p, spec), spec)
+
+
+@pytest.mark.parametrize("inherited", [None, "", "/usr/lib/x"])
+def test_library_paths_run_under_set_u(inherited: str | None) -> None:
+    """Polaris's plugin directories go first on LD_LIBRARY_PATH, the inherited value (if any) after them,
+    and the line works under the script's `set -euo pipefail` with the variable unset."""
+    lines = _network_lines("polaris", _script("polaris"))
+    body = "\n".join(ln for ln in lines if "LD_LIBRARY_PATH" in ln)
+    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+    if inherited is not None:
+        env["LD_LIBRARY_PATH"] = inherited
+    res = subprocess.run(
+        ["bash", "-c", f'set -euo pipefail\n{body}\nprintf "%s" "$LD_LIBRARY_PATH"'],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=30,
+    )
+    assert res.returncode == 0, res.stderr
+    plugin = "/soft/libraries/aws-ofi-nccl/v1.9.1-aws/lib:/soft/libraries/hwloc/lib/"
+    assert res.stdout == (plugin + ":" + inherited if inherited else plugin)
