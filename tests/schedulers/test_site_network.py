@@ -212,3 +212,33 @@ def test_library_paths_run_under_set_u(inherited: str | None) -> None:
     assert res.returncode == 0, res.stderr
     plugin = "/soft/libraries/aws-ofi-nccl/v1.9.1-aws/lib:/soft/libraries/hwloc/lib/"
     assert res.stdout == (plugin + ":" + inherited if inherited else plugin)
+
+
+def test_block_checks_name_the_field() -> None:
+    """What a schema cannot say: GPU-aware MPI enabled with nothing to set, LD_LIBRARY_PATH outside
+    library_paths, and a network block on Kubernetes (no batch script to put it in)."""
+    cases = {
+        "  network:\n    gpu_aware_mpi:\n      enabled: true\n": r"enabled: true, but .* sets nothing",
+        "  network:\n    env:\n      LD_LIBRARY_PATH: /x\n": r"env.LD_LIBRARY_PATH: give the directories in",
+    }
+    for block, message in cases.items():
+        with pytest.raises(ProfileError, match=message):
+            profile.parse(_with_network(block), "x.yaml")
+    k8s = profile.source_of("generic-k8s-gpu")[1].replace(
+        "\nsite:\n", "\nsite:\n  network:\n    env: {A: b}\n", 1
+    )
+    with pytest.raises(ProfileError, match=r"site.network: the network block goes into batch scripts"):
+        profile.parse(k8s, "k8s.yaml")
+
+
+def test_a_site_may_enable_gpu_aware_mpi_and_a_job_turn_it_off() -> None:
+    """A site whose mpi4py is built against Cray MPICH with GTL enables it in its copy of the profile; a job
+    that knows better says --no-gpu-aware-mpi (gpu_aware_mpi: false)."""
+    text = _with_network(
+        "  network:\n    gpu_aware_mpi:\n      enabled: true\n      env: {MPICH_GPU_SUPPORT_ENABLED: 1}\n"
+    )
+    p = profile.parse(text, "site-copy.yaml")
+    for requested, expected in ((None, True), (False, False), (True, True)):
+        spec = JobSpec(nodes=1, account="a", steps=(Step(("./app",)),), gpu_aware_mpi=requested)
+        env = dict(planner.build(mapping.build(p, spec), spec).env)
+        assert (env.get("MPICH_GPU_SUPPORT_ENABLED") == "1") is expected, requested
