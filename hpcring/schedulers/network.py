@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from hpcring.errors import ConfigError, ProfileError
+from hpcring.errors import ConfigError, ProfileError, choices
 from hpcring.schedulers.containers import check_host_path, expand
 from hpcring.schedulers.model import Network, Site
 from hpcring.schedulers.shell import Raw, check_line_safe, quote
@@ -40,8 +40,8 @@ def from_profile(d: Mapping[str, Any] | None, scheduler: str, where: str) -> Net
     field = f"{where}: site.network"
     if scheduler not in SCHEDULERS:
         raise ProfileError(
-            f"{field}: the network block goes into batch scripts; scheduler {scheduler!r} has none "
-            f"(allowed with: {', '.join(SCHEDULERS)})"
+            f"{field}: the network block goes into batch scripts; scheduler {scheduler!r} has none; "
+            f"allowed with: {choices(SCHEDULERS)}"
         )
     paths = tuple(check_host_path(p, f"{field}.library_paths") for p in d.get("library_paths", []))
     directives = tuple(check_line_safe(t, "site.network.directives entry") for t in d.get("directives", []))
