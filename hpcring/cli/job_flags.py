@@ -7,6 +7,8 @@ variable stands in for it when it is not given, so a site can set e.g. HPCRING_A
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
@@ -167,6 +169,14 @@ def add_script_args(p: argparse.ArgumentParser) -> None:
         help="override the profile's launcher [HPCRING_LAUNCHER]",
     )
     g.add_argument(
+        "--gpu-aware-mpi",
+        action=argparse.BooleanOptionalAction,
+        default=_tristate("HPCRING_GPU_AWARE_MPI"),
+        help="the rank program links the MPI's GPU transfer library (see `hpcring doctor`): set the "
+        "profile's GPU-aware MPI variables (MPICH_GPU_SUPPORT_ENABLED=1); default: the profile's "
+        "[HPCRING_GPU_AWARE_MPI]",
+    )
+    g.add_argument(
         "--inline-files",
         action="store_true",
         default=env_flag("HPCRING_INLINE_FILES"),
@@ -175,13 +185,28 @@ def add_script_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command every rank runs")
 
 
+def _tristate(var: str) -> bool | None:
+    """A yes/no environment default; None (the profile decides) when unset or empty."""
+    raw = os.environ.get(var, "").strip().lower()
+    if not raw:
+        return None
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    if raw in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"{var}={raw!r}: expected one of 1, true, yes, on, 0, false, no or off")
+
+
 def load_profile(args: argparse.Namespace) -> Profile:
     if not args.profile:
         raise ConfigError(
             "no profile given: pass --profile NAME or set HPCRING_PROFILE; built-in: "
             + ", ".join(profmod.builtin_names())
         )
-    return profmod.load(args.profile)
+    prof = profmod.load(args.profile)
+    if prof.retired_warning:
+        print(f"hpcring: warning: {prof.retired_warning}", file=sys.stderr)
+    return prof
 
 
 def _command(args: argparse.Namespace) -> list[str]:
@@ -250,6 +275,7 @@ def job_from_args(args: argparse.Namespace) -> JobSpec:
             binds=(*spec.binds, *args.bind) if args.bind else None,
             modules=(*spec.modules, *args.module) if args.module else None,
             env=jobmod.parse_env(args.env) if args.env else None,
+            gpu_aware_mpi=args.gpu_aware_mpi,
             steps=steps or None,
         )
     # A flag for one of ranks / ranks-per-node replaces the job file's value of the other.

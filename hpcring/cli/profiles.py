@@ -119,7 +119,8 @@ def _list() -> int:
             print(f"{name:<20} this machine, detected (/sys, lscpu, nvidia-smi)")
             continue
         p = profile.load(name)
-        print(f"{name:<20} {p.site.scheduler:<10} {p.site.launcher:<7} {p.description}")
+        retired = f" [retired {p.retired.date}]" if p.retired else ""
+        print(f"{name:<20} {p.site.scheduler:<10} {p.site.launcher:<7} {p.description}{retired}")
     return 0
 
 
