@@ -40,23 +40,45 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
-def _connect(addresses: Sequence[str], deadline: float) -> socket.socket:
-    """Connect to the first reachable launcher address, retrying until the deadline (the launcher listens
-    before mpiexec starts, so failures are unreachable addresses, not a race)."""
+def _connect(addresses: Sequence[str], token: str, deadline: float) -> socket.socket:
+    """Connect to the first reachable launcher address and prove the job's token, retrying until the
+    deadline (the launcher listens before mpiexec starts, so failures are unreachable addresses, or a flood
+    of strangers that made the launcher drop this connection before it answered, not a race)."""
     last: Exception | None = None
     while True:
         for address in addresses:
             host, _, port = address.rpartition(":")
             try:
                 sock = socket.create_connection((host.strip("[]"), int(port)), timeout=5)
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                sock.settimeout(None)
-                return sock
             except OSError as exc:
                 last = exc
+                continue
+            try:
+                _answer_challenge(sock, token)
+            except (OSError, protocol.ProtocolError) as exc:
+                sock.close()
+                last = exc
+                continue
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.settimeout(None)
+            return sock
         if time.monotonic() > deadline:
             raise ConnectionError(f"cannot reach the hpcring launcher at {','.join(addresses)}: {last}")
         time.sleep(0.5)
+
+
+def _answer_challenge(sock: socket.socket, token: str) -> None:
+    """Read the launcher's nonce (exactly one CHALLENGE frame) and send its MAC under the token."""
+    data = b""
+    want = protocol.HEADER_BYTES + protocol.NONCE_BYTES
+    while len(data) < want:
+        chunk = sock.recv(want - len(data))
+        if not chunk:
+            raise ConnectionError("the launcher closed the connection before its challenge")
+        data += chunk
+    if data[:1] != protocol.CHALLENGE or int.from_bytes(data[1:5], "big") != protocol.NONCE_BYTES:
+        raise protocol.ProtocolError("the launcher's first frame is not a challenge")
+    sock.sendall(protocol.frame(protocol.AUTH, protocol.mac(token, data[protocol.HEADER_BYTES :])))
 
 
 def _await_go(sock: socket.socket, reader: protocol.FrameReader, silence_s: float) -> tuple[bytes, bytes]:
@@ -323,11 +345,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     # The MPI launcher's own variables, not HPCRING_* (which a nested launch may have inherited).
     rank, size = mpi_rank_size(os.environ) or (0, 1)
-    sock = _connect(args.control.split(","), time.monotonic() + CONNECT_TIMEOUT_S)
+    sock = _connect(args.control.split(","), token, time.monotonic() + CONNECT_TIMEOUT_S)
     sock.settimeout(args.silence_timeout or None)  # a send that cannot progress must not wedge the wrapper
     rank = rank or 0
     hello = {
-        "token": token,
         "rank": rank,
         "size": size,
         "host": socket.gethostname(),

@@ -28,7 +28,7 @@ from typing import BinaryIO
 from hpcring.contracts.elastic import RESET_EXIT_CODE
 from hpcring.contracts.rank_env import RANK_VARIABLES, rank_environment
 from hpcring.errors import LaunchError
-from hpcring.launch import liveness, protocol
+from hpcring.launch import control, liveness, protocol
 from hpcring.launch.command import LaunchSpec, build
 from hpcring.launch.flavour import MpiInstall
 from hpcring.launch.layout import emulated_nodes, node_of_hosts, places
@@ -72,16 +72,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("", 0))
         return int(s.getsockname()[1])
-
-
-def _route_source(host: str) -> str | None:
-    """The local address this machine uses to reach `host` (a UDP connect sends nothing)."""
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.connect((host, 9))
-            return str(s.getsockname()[0])
-    except OSError:
-        return None
 
 
 def _term_with_parent() -> None:
@@ -178,7 +168,8 @@ class Conn:
     """One wrapper's connection."""
 
     sock: socket.socket
-    reader: protocol.FrameReader = field(default_factory=protocol.FrameReader)
+    # A wrapper's frames are output chunks (64 KiB reads) and small reports.
+    reader: protocol.FrameReader = field(default_factory=lambda: protocol.FrameReader(1 << 20))
     rank: int | None = None
     host: str = ""
     partial: dict[bytes, bytes] = field(default_factory=dict)
@@ -216,6 +207,7 @@ class Supervisor:
         self.err = stderr or sys.stderr.buffer
         self.base_env = dict(os.environ if env is None else env)
         self.token = secrets.token_hex(16)
+        self.gate = control.Gate(self.token, self._note)
         self.sel = selectors.DefaultSelector()
         self.conns: dict[int, Conn] = {}  # by rank, once known
         self.failure: tuple[int, str, int] | None = None  # (rank, how, exit status) of the first failure
@@ -388,25 +380,29 @@ class Supervisor:
             self._abort(SIGNAL_GRACE_S)
 
     # ---- control socket -----------------------------------------------------------------------------------
-    def _listen(self) -> tuple[socket.socket, list[str]]:
-        if not self.spec.remote:
-            sock = socket.create_server(("127.0.0.1", 0), backlog=256)
-            return sock, [f"127.0.0.1:{sock.getsockname()[1]}"]
-        sock = socket.create_server(("0.0.0.0", 0), backlog=256)
-        port = sock.getsockname()[1]
-        addrs: list[str] = []
-        for host in self.spec.hosts:
-            src = _route_source(host.name)
-            if src and f"{src}:{port}" not in addrs:
-                addrs.append(f"{src}:{port}")
-        addrs.append(f"{socket.gethostname()}:{port}")
-        return sock, addrs
-
     def _accept(self, server: socket.socket) -> None:
-        sock, _ = server.accept()
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.setblocking(False)
-        self.sel.register(sock, selectors.EVENT_READ, Conn(sock))
+        conn, dropped = self.gate.accept(server)
+        for gone in dropped:
+            self._close_pending(gone)
+        if conn is not None:
+            self.sel.register(conn.sock, selectors.EVENT_READ, conn)
+
+    def _close_pending(self, conn: control.Pending) -> None:
+        self.gate.forget(conn)
+        with contextlib.suppress(KeyError, ValueError):
+            self.sel.unregister(conn.sock)
+        conn.sock.close()
+
+    def _authenticate(self, pending: control.Pending) -> None:
+        """Bytes from a connection that has not proved the token yet: once it has, it is a wrapper's."""
+        try:
+            if self.gate.receive(pending) is None:
+                return
+        except protocol.ProtocolError as exc:
+            self.gate.refuse(pending.peer, str(exc))
+            self._close_pending(pending)
+            return
+        self.sel.modify(pending.sock, selectors.EVENT_READ, Conn(pending.sock))
 
     def _read(self, conn: Conn) -> None:
         try:
@@ -422,32 +418,44 @@ class Supervisor:
         try:
             for kind, payload in conn.reader.feed(data):
                 self._frame(conn, kind, payload)
-        except ValueError as exc:
-            self._note(f"dropping a control connection: {exc}")
+        except protocol.ProtocolError as exc:
+            self._note(f"dropping {self._whose(conn)} control connection: {exc}")
+            self._closed(conn)
+        except Exception as exc:  # no input may end the launcher; this one is a bug, and says so
+            self._note(f"dropping {self._whose(conn)} control connection: {type(exc).__name__}: {exc}")
             self._closed(conn)
 
+    @staticmethod
+    def _whose(conn: Conn) -> str:
+        return "an unnamed" if conn.rank is None else f"rank {conn.rank}'s"
+
     def _frame(self, conn: Conn, kind: bytes, payload: bytes) -> None:
+        if kind == protocol.HEARTBEAT:
+            return
         if kind == protocol.HELLO:
-            hello = protocol.decode(payload)
-            if hello.get("token") != self.token or not isinstance(hello.get("rank"), int):
-                raise ValueError("a connection without this job's token")
-            rank = int(hello["rank"])
-            if rank in self.conns or not 0 <= rank < self.spec.np:
-                raise ValueError(f"unexpected or duplicate rank {rank}")
-            if hello.get("size") not in (None, self.spec.np):
-                raise ValueError(
-                    f"rank {rank} reports world size {hello.get('size')}, expected {self.spec.np}"
-                )
-            conn.rank, conn.host = rank, str(hello.get("host", ""))
-            self.conns[rank] = conn
-            if len(self.conns) == self.spec.np:
-                self._go()
+            self._hello(conn, protocol.hello(payload))
         elif conn.rank is None:
-            raise ValueError("a frame before the wrapper's hello")
+            raise protocol.ProtocolError(f"a {kind!r} frame before the wrapper's hello")
         elif kind in (protocol.STDOUT, protocol.STDERR):
             self._emit(conn, kind, payload)
         elif kind == protocol.EXITED:
-            self._exited(conn, protocol.decode(payload))
+            self._exited(conn, protocol.exited(payload))
+        elif kind == protocol.STARTED:
+            protocol.started(payload)
+        else:
+            raise protocol.ProtocolError(f"unknown frame type {kind!r}")
+
+    def _hello(self, conn: Conn, hello: dict[str, object]) -> None:
+        rank, size = hello["rank"], hello["size"]
+        assert isinstance(rank, int)
+        if conn.rank is not None or rank in self.conns or not 0 <= rank < self.spec.np:
+            raise protocol.ProtocolError(f"unexpected or duplicate rank {rank}")
+        if size != self.spec.np:
+            raise protocol.ProtocolError(f"rank {rank} reports world size {size}, expected {self.spec.np}")
+        conn.rank, conn.host = rank, str(hello["host"])
+        self.conns[rank] = conn
+        if len(self.conns) == self.spec.np:
+            self._go()
 
     def _go(self) -> None:
         """Every rank has checked in: send each its environment, computed from where the ranks really run."""
@@ -507,7 +515,9 @@ class Supervisor:
                     int(code_i or 0)
                 )
             reason = report.get("reason")  # the wrapper ended it (a rank stopped for too long)
-            how = f"on {conn.host} {reason}" if isinstance(reason, str) else describe_end(code_i, sig_i)
+            how = describe_end(code_i, sig_i)
+            if isinstance(reason, str):
+                how = f"on {conn.host} {_clip(reason)}"
             self._fail(conn.rank, how, exit_status(code_i, sig_i), error if reason is None else None)
 
     def _relay(self, key: selectors.SelectorKey) -> None:
@@ -551,9 +561,10 @@ class Supervisor:
         ]
 
     def run(self, on_start: Callable[[list[str]], None] | None = None) -> int:
-        server, addresses = self._listen()
-        server.setblocking(False)
-        self.sel.register(server, selectors.EVENT_READ, None)
+        servers, addresses = control.listen([h.name for h in self.spec.hosts], self.spec.remote)
+        for server in servers:
+            server.setblocking(False)
+            self.sel.register(server, selectors.EVENT_READ, None)
         argv, env = build(self.install, self.spec, self.wrapper_argv(addresses), self.base_env)
         env[protocol.TOKEN_VARIABLE] = self.token  # never argv: see protocol.TOKEN_VARIABLE
         if on_start:
@@ -578,7 +589,7 @@ class Supervisor:
             assert self.mpiexec.stdout is not None and self.mpiexec.stderr is not None
             self.sel.register(self.mpiexec.stdout, selectors.EVENT_READ, MpiOutput(self.out, aborting))
             self.sel.register(self.mpiexec.stderr, selectors.EVENT_READ, MpiOutput(self.err, aborting))
-            return self._loop(server)
+            return self._loop()
         finally:
             for s, handler in previous.items():
                 signal.signal(s, handler)
@@ -590,7 +601,7 @@ class Supervisor:
             for f in self.output_files.values():
                 f.close()
 
-    def _loop(self, server: socket.socket) -> int:
+    def _loop(self) -> int:
         assert self.mpiexec is not None
         start_deadline = time.monotonic() + self.spec.start_timeout_s
         mpiexec_done_at: float | None = None
@@ -598,14 +609,18 @@ class Supervisor:
         while True:
             for key, _ in self.sel.select(timeout=0.2):
                 if key.data is None:
-                    self._accept(server)
+                    self._accept(key.fileobj)  # type: ignore[arg-type]
                 elif isinstance(key.data, MpiOutput):
                     self._relay(key)
+                elif isinstance(key.data, control.Pending):
+                    self._authenticate(key.data)
                 else:
                     self._read(key.data)
             if self.on_tick is not None:
                 self.on_tick(self)
             now = time.monotonic()
+            for late in self.gate.expired(now):
+                self._close_pending(late)
             self._end_hold(now)
             self._liveness(now)
             if not self.started and now > start_deadline and self.abort_at is None:
