@@ -118,7 +118,8 @@ class Wrapper:
         self.interval = liveness.heartbeat_interval(silence_s)
         self.child: subprocess.Popen[bytes] | None = None
         self.ended_by_launcher = False
-        self.launcher_gone = False
+        self.launcher_gone = False  # its connection closed or broke: nothing more can be sent
+        self.launcher_silent = False  # not heard from for the silence timeout (maybe only stopped)
         self.kill_at: float | None = None
         self.report_pipe: int | None = None  # read end of the runner's failure-report pipe
         self.heard = self.beat_at = time.monotonic()
@@ -244,9 +245,12 @@ class Wrapper:
         self.beat_at = now + self.interval
         if not self.silence_s or self.child is None or self.kill_at is not None:
             return
-        if not self.launcher_gone and now - self.heard > self.silence_s:
+        if not (self.launcher_gone or self.launcher_silent) and now - self.heard > self.silence_s:
+            # Output and the exit report still go into the connection: a launcher that was only stopped
+            # reads them when it resumes (the socket's timeout bounds each send meanwhile).
             self._say(f"the launcher was not heard from for {self.silence_s:g} s; ending the rank")
-            self.launcher_gone = True
+            self.launcher_silent = True
+            self.reason = f"was ended by its wrapper: no word from the launcher for {self.silence_s:g} s"
             self.end_child()
             return
         stopped = liveness.is_stopped(self.child.pid)
@@ -379,7 +383,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         wrapper.send(protocol.json_frame(protocol.EXITED, {"code": 127, "signal": None}))
         return 127
     status = wrapper.run()
-    if wrapper.launcher_gone:
+    if wrapper.launcher_gone or wrapper.launcher_silent:
         # Dead-man switch: the launcher cannot end this node's MPI daemon any more; nobody else will.
         daemon = liveness.end_mpi_parent()
         if daemon:

@@ -34,6 +34,8 @@ from hpcring.launch.flavour import MpiInstall
 from hpcring.launch.layout import emulated_nodes, node_of_hosts, places
 from hpcring.launch.report import ErrorReport, RankFailure
 
+_TICK_S = 0.2  # the loop's select timeout: deadlines are checked at least this often
+_LATE_S = 0.5  # a loop iteration this much later than its timeout: the launcher itself was not running
 ABORT_GRACE_S = 6.0  # after telling survivors to stop, before killing mpiexec's process group
 # Elastic: after a rank fails by an error before committing, how long the others may go on to show whether
 # they fail alike (a broken script) before they are ended (docs/guide/elastic.md, which failures blacklist a
@@ -606,8 +608,13 @@ class Supervisor:
         start_deadline = time.monotonic() + self.spec.start_timeout_s
         mpiexec_done_at: float | None = None
         killed = False
+        ran_at = time.monotonic()
         while True:
-            for key, _ in self.sel.select(timeout=0.2):
+            events = self.sel.select(timeout=_TICK_S)
+            late = time.monotonic() - ran_at - _TICK_S
+            if late > _LATE_S:
+                self._after_a_stop(late)  # before reading: what arrived meanwhile is judged knowing it
+            for key, _ in events:
                 if key.data is None:
                     self._accept(key.fileobj)  # type: ignore[arg-type]
                 elif isinstance(key.data, MpiOutput):
@@ -648,11 +655,30 @@ class Supervisor:
             drain = 1.0 if self.interrupted is not None else 3.0
             if mpiexec_done_at is not None and (not live or now - mpiexec_done_at > drain):
                 break
+            ran_at = time.monotonic()
         for key in list(self.sel.get_map().values()):
             if isinstance(key.data, MpiOutput):  # a daemon still holds the pipe: flush what we have
                 key.data.feed(b"", final=True)
         self._silent_at_the_end(time.monotonic())
         return self._result()
+
+    def _after_a_stop(self, late: float) -> None:
+        """The loop did not run for `late` s (the launcher was stopped by SIGSTOP, or blocked, or its machine
+        froze): that silence is ours, not the nodes', so it is not counted against them. Past the silence
+        timeout the wrappers have given up on us (their dead-man switch ended the ranks): the job ends
+        naming the launcher, and what the ranks sent before is still read and printed."""
+        for conn in self.conns.values():
+            conn.heard += late
+        if not self.silence_s or late <= self.silence_s or self.abort_at is not None:
+            return
+        what = (
+            f"this launcher was not running for {late:.0f} s (stopped, or its machine froze), longer than "
+            f"the silence timeout ({self.silence_s:g} s): the rank wrappers gave it up and ended their ranks"
+        )
+        if self.failure is None and self.interrupted is None:
+            self.failure = (-1, f"was ended because {what}", 1)
+        self._note(f"{what}; ending the job")
+        self._abort()
 
     def _silent_at_the_end(self, now: float) -> None:
         """Wrappers that never reported and sent nothing for two heartbeats are on lost nodes: name them

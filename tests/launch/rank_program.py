@@ -3,7 +3,9 @@
 Modes: `env` prints this rank's launcher variables as JSON; `lines N LEN` prints N long lines fast (to catch
 interleaving); `mpi` does a real MPI allreduce; `fail DIR RANK HOW` records pids (its own and a grandchild's)
 in DIR, then the given rank fails (HOW = exit code, or `kill` for SIGKILL) while the others wait to be ended;
-`wait DIR` records pids and waits (for signals sent to the launcher); `mpi-fail HOW RANK` makes RANK raise
+`wait DIR` records pids and waits (for signals sent to the launcher); `tick DIR` records pids, then
+prints `tick N` every 0.1 s, each also appended to DIR/RANK.ticks once printed (what the launcher must
+show); `mpi-fail HOW RANK` makes RANK raise
 (HOW = raise) or sys.exit(HOW) after MPI_Init while the others wait in a barrier.
 """
 
@@ -97,6 +99,15 @@ def main() -> None:
                 os.kill(os.getpid(), signal.SIGKILL)
             os._exit(int(how))
         time.sleep(300)
+    elif mode == "tick":
+        record_pids(sys.argv[2])
+        print("ready", flush=True)
+        with open(Path(sys.argv[2], f"{rank}.ticks"), "a") as log:
+            for i in range(3000):
+                print(f"tick {i}", flush=True)
+                log.write(f"tick {i}\n")
+                log.flush()
+                time.sleep(0.1)
     elif mode == "wait":
         record_pids(sys.argv[2])
         print("ready", flush=True)
