@@ -75,6 +75,12 @@ def _process_name(pid: int) -> str:
         return ""
 
 
+def mpi_parent() -> int | None:
+    """This process's parent when it is an MPI launcher daemon (it started this node's ranks), else None."""
+    parent = os.getppid()
+    return parent if parent > 1 and _process_name(parent) in MPI_DAEMONS else None
+
+
 def end_mpi_parent() -> str | None:
     """The dead-man switch's last act: if this process's parent is an MPI launcher daemon (whose own link to
     the launcher is as dead as ours), SIGTERM it, then SIGKILL it after a grace. Returns its name, or None

@@ -25,7 +25,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from hpcring.launch import liveness, protocol, report
+from hpcring.launch import cleanup, liveness, protocol, report
 from hpcring.launch.detection import mpi_rank_size
 from hpcring.launch.target import is_python, own_python, python_target
 
@@ -125,6 +125,7 @@ class Wrapper:
         self.heard = self.beat_at = time.monotonic()
         self.stopped_since: float | None = None
         self.reason: str | None = None  # why the wrapper itself ended the rank (reported to the launcher)
+        self.shm = cleanup.ShmTracker(os.environ)
 
     def send(self, data: bytes) -> None:
         if self.launcher_gone:
@@ -183,6 +184,7 @@ class Wrapper:
         """SIGTERM the command's process group now, SIGKILL it after the grace period."""
         if self.child is None or self.kill_at is not None:
             return
+        self.shm.sample(self.child.pid, time.monotonic(), force=True)
         self._signal_group(signal.SIGTERM)
         self._signal_group(signal.SIGCONT)  # a stopped rank would keep SIGTERM pending until SIGKILL
         self.kill_at = time.monotonic() + TERM_GRACE_S
@@ -214,6 +216,7 @@ class Wrapper:
                     sel.unregister(key.fileobj)
                     open_pipes -= 1
             now = time.monotonic()
+            self.shm.sample(self.child.pid, now)
             self._liveness(now)
             if self.kill_at is not None and now >= self.kill_at:
                 self._signal_group(signal.SIGKILL)
@@ -315,6 +318,7 @@ def _environment(go: dict[str, Any]) -> dict[str, str]:
     for key, value in go.get("defaults", {}).items():
         env.setdefault(key, value)
     env.update(go.get("override", {}))
+    cleanup.rank_environment(env)
     return env
 
 
@@ -383,11 +387,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         wrapper.send(protocol.json_frame(protocol.EXITED, {"code": 127, "signal": None}))
         return 127
     status = wrapper.run()
+    wrapper.shm.sweep(liveness.mpi_parent())
     if wrapper.launcher_gone or wrapper.launcher_silent:
         # Dead-man switch: the launcher cannot end this node's MPI daemon any more; nobody else will.
         daemon = liveness.end_mpi_parent()
         if daemon:
             wrapper._say(f"ended its MPI daemon ({daemon}), which had lost the launcher too")
+            wrapper.shm.sweep(None)  # the node's other ranks went with it
+            cleanup.remove_job_dirs(os.environ)
         return status
     with contextlib.suppress(OSError):
         sock.shutdown(socket.SHUT_WR)

@@ -28,7 +28,7 @@ from typing import BinaryIO
 from hpcring.contracts.elastic import RESET_EXIT_CODE
 from hpcring.contracts.rank_env import RANK_VARIABLES, rank_environment
 from hpcring.errors import LaunchError
-from hpcring.launch import control, liveness, protocol
+from hpcring.launch import cleanup, control, liveness, protocol
 from hpcring.launch.command import LaunchSpec, build
 from hpcring.launch.flavour import MpiInstall
 from hpcring.launch.layout import emulated_nodes, node_of_hosts, places
@@ -569,6 +569,10 @@ class Supervisor:
             self.sel.register(server, selectors.EVENT_READ, None)
         argv, env = build(self.install, self.spec, self.wrapper_argv(addresses), self.base_env)
         env[protocol.TOKEN_VARIABLE] = self.token  # never argv: see protocol.TOKEN_VARIABLE
+        dirs = cleanup.JobDirs(
+            self.base_env, openmpi=self.install.flavour == "openmpi", local=not self.spec.remote
+        )
+        env.update(dirs.env)
         if on_start:
             on_start(argv)
         previous = {
@@ -596,6 +600,12 @@ class Supervisor:
             for s, handler in previous.items():
                 signal.signal(s, handler)
             self._kill_mpiexec(signal.SIGKILL)
+            if self.mpiexec is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self.mpiexec.wait(
+                        timeout=KILL_GRACE_S
+                    )  # a live prterun could write its session dir again
+            dirs.remove()
             for key in list(self.sel.get_map().values()):
                 with contextlib.suppress(OSError):
                     key.fileobj.close()  # type: ignore[union-attr]
@@ -626,8 +636,8 @@ class Supervisor:
             if self.on_tick is not None:
                 self.on_tick(self)
             now = time.monotonic()
-            for late in self.gate.expired(now):
-                self._close_pending(late)
+            for stale in self.gate.expired(now):
+                self._close_pending(stale)
             self._end_hold(now)
             self._liveness(now)
             if not self.started and now > start_deadline and self.abort_at is None:

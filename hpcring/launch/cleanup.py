@@ -1,0 +1,155 @@
+"""Nothing of a job is left on a node, however it ends (issue 35): session directories and shared memory.
+
+MPI launchers and libraries leave files when they do not end cleanly: Open MPI's PRRTE its session directory
+(`$TMPDIR/ompi.<pid>`) and the sm transport's segments (`/dev/shm/sm_segment.*`), MPICH its shared memory
+(`/dev/shm/mpich_shm_*`), hpcring's shm allreduce a segment between its creation and its unlink. On a shared
+node these pile up until /dev/shm is full. Two guards, one per owner:
+
+- the launcher gives mpiexec a per-job TMPDIR (and, on one machine, Open MPI a per-job segment directory
+  under /dev/shm) that it removes at the end; the ranks get the user's TMPDIR back (`rank_environment`);
+- every rank wrapper notes the shared-memory files its rank maps (/proc/PID/maps, each second and before it
+  ends the rank), and once the rank has ended unlinks those that no other rank of its node still maps. When
+  the launcher died (SIGKILL) the wrappers, its last survivors, also remove the per-job TMPDIR once they have
+  ended the MPI daemon (liveness.end_mpi_parent). A remote node's wrappers sweep its shared memory too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterable, Mapping
+
+JOB_PREFIX = "hpcring-job-"
+JOB_DIRS = "HPCRING_JOB_DIRS"  # the per-job directories (os.pathsep-separated), for the wrappers
+USER_TMPDIR = "HPCRING_USER_TMPDIR"  # the TMPDIR to give the ranks back ("" when there was none)
+SHM_ROOTS = ("/dev/shm",)
+# Only files that MPI libraries and hpcring create for one job: a rank may also map a user's own file there.
+TRANSIENT = ("sm_segment.", "vader_segment.", "mpich_shm_", "hpcring-")
+SIBLING_WAIT_S = 1.0
+
+
+class JobDirs:
+    """The launcher's per-job directories and the environment that points mpiexec at them."""
+
+    def __init__(self, base_env: Mapping[str, str], *, openmpi: bool, local: bool) -> None:
+        self.user_tmpdir = base_env.get("TMPDIR", "")
+        base = self.user_tmpdir if os.path.isdir(self.user_tmpdir) else tempfile.gettempdir()
+        self.tmp = tempfile.mkdtemp(prefix=JOB_PREFIX, dir=base)
+        self.shm: str | None = None
+        self.env = {"TMPDIR": self.tmp, USER_TMPDIR: self.user_tmpdir}
+        backing = "OMPI_MCA_btl_sm_backing_directory"
+        if openmpi and local and backing not in base_env and os.access(SHM_ROOTS[0], os.W_OK):
+            self.shm = tempfile.mkdtemp(prefix=JOB_PREFIX, dir=SHM_ROOTS[0])
+            self.env[backing] = self.shm
+        self.env[JOB_DIRS] = os.pathsep.join(p for p in (self.tmp, self.shm) if p)
+
+    def remove(self) -> None:
+        for path in (self.tmp, self.shm):
+            if path is not None:
+                shutil.rmtree(path, ignore_errors=True)
+
+
+def rank_environment(env: dict[str, str]) -> None:
+    """In the wrapper: give the rank the user's TMPDIR (its files are its own), not the job's."""
+    user = env.pop(USER_TMPDIR, None)
+    env.pop(JOB_DIRS, None)
+    if user is None:
+        return
+    if user:
+        env["TMPDIR"] = user
+    else:
+        env.pop("TMPDIR", None)
+
+
+def remove_job_dirs(env: Mapping[str, str]) -> list[str]:
+    """After the launcher died: remove the per-job directories it named (only directories of ours, by name);
+    returns those removed."""
+    removed = []
+    for path in env.get(JOB_DIRS, "").split(os.pathsep):
+        if os.path.basename(path.rstrip("/")).startswith(JOB_PREFIX) and os.path.isdir(path):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
+def _shm_roots(env: Mapping[str, str]) -> tuple[str, ...]:
+    extra = env.get("HPCRING_SHM_DIR", "")
+    return (*SHM_ROOTS, extra) if extra else SHM_ROOTS
+
+
+def mapped_files(pid: int, roots: Iterable[str]) -> set[str]:
+    """Files under `roots` that process `pid` maps (deleted ones left out: already gone)."""
+    prefixes = tuple(r.rstrip("/") + "/" for r in roots)
+    try:
+        with open(f"/proc/{pid}/maps", "rb") as f:
+            lines = f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return set()
+    out = set()
+    for line in lines:
+        parts = line.split(None, 5)
+        path = parts[5] if len(parts) == 6 else ""
+        if path.startswith(prefixes) and not path.endswith(" (deleted)") and _transient(path):
+            out.add(path)
+    return out
+
+
+def _transient(path: str) -> bool:
+    return os.path.basename(path).startswith(TRANSIENT) or f"/{JOB_PREFIX}" in path
+
+
+def descendants(pid: int) -> list[int]:
+    """All descendants of `pid` (by /proc's children lists)."""
+    out: list[int] = []
+    todo = [pid]
+    while todo:
+        current = todo.pop()
+        try:
+            with open(f"/proc/{current}/task/{current}/children") as f:
+                kids = [int(p) for p in f.read().split()]
+        except OSError:
+            continue
+        out += kids
+        todo += kids
+    return out
+
+
+class ShmTracker:
+    """In a wrapper: which shared-memory files its rank maps, and their removal once nobody of the node's
+    job maps them any more."""
+
+    def __init__(self, env: Mapping[str, str]) -> None:
+        self.roots = _shm_roots(env)
+        self.seen: set[str] = set()
+        self.next_at = 0.0
+
+    def sample(self, pid: int, now: float, force: bool = False) -> None:
+        """Note what `pid` (and its own children) map; at most once a second unless forced."""
+        if not force and now < self.next_at:
+            return
+        self.next_at = now + 1.0
+        for p in (pid, *descendants(pid)):
+            self.seen |= mapped_files(p, self.roots)
+
+    def sweep(self, node_root: int | None) -> list[str]:
+        """Unlink the files seen that still exist and that no process under `node_root` (the MPI daemon that
+        started this node's ranks) maps, waiting up to SIBLING_WAIT_S for ranks that are ending. Returns the
+        paths removed."""
+        left = {p for p in self.seen if os.path.exists(p)}
+        deadline = time.monotonic() + SIBLING_WAIT_S
+        removed: list[str] = []
+        while left:
+            others = [p for p in descendants(node_root) if p != os.getpid()] if node_root else []
+            busy = set().union(*(mapped_files(p, self.roots) for p in others)) if others else set()
+            for path in sorted(left - busy):
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+                    removed.append(path)
+            left &= busy
+            if not left or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        return removed
