@@ -18,12 +18,14 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import socket
 import tempfile
 import time
 from collections.abc import Iterable, Mapping
 
 JOB_PREFIX = "hpcring-job-"
 JOB_DIRS = "HPCRING_JOB_DIRS"  # the per-job directories (os.pathsep-separated), for the wrappers
+JOB_HOST = "HPCRING_JOB_HOST"  # where they are (hydra passes them to remote ranks too; a shared /tmp)
 USER_TMPDIR = "HPCRING_USER_TMPDIR"  # the TMPDIR to give the ranks back ("" when there was none)
 SHM_ROOTS = ("/dev/shm",)
 # Only files that MPI libraries and hpcring create for one job: a rank may also map a user's own file there.
@@ -45,6 +47,7 @@ class JobDirs:
             self.shm = tempfile.mkdtemp(prefix=JOB_PREFIX, dir=SHM_ROOTS[0])
             self.env[backing] = self.shm
         self.env[JOB_DIRS] = os.pathsep.join(p for p in (self.tmp, self.shm) if p)
+        self.env[JOB_HOST] = socket.gethostname()
 
     def remove(self) -> None:
         for path in (self.tmp, self.shm):
@@ -56,6 +59,7 @@ def rank_environment(env: dict[str, str]) -> None:
     """In the wrapper: give the rank the user's TMPDIR (its files are its own), not the job's."""
     user = env.pop(USER_TMPDIR, None)
     env.pop(JOB_DIRS, None)
+    env.pop(JOB_HOST, None)
     if user is None:
         return
     if user:
@@ -67,7 +71,9 @@ def rank_environment(env: dict[str, str]) -> None:
 def remove_job_dirs(env: Mapping[str, str]) -> list[str]:
     """After the launcher died: remove the per-job directories it named (only directories of ours, by name);
     returns those removed."""
-    removed = []
+    removed: list[str] = []
+    if env.get(JOB_HOST) != socket.gethostname():
+        return removed  # another machine's directories, or this one's seen from another node's namespace
     for path in env.get(JOB_DIRS, "").split(os.pathsep):
         if os.path.basename(path.rstrip("/")).startswith(JOB_PREFIX) and os.path.isdir(path):
             shutil.rmtree(path, ignore_errors=True)
