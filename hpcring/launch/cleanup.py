@@ -8,7 +8,9 @@ node these pile up until /dev/shm is full. Two guards, one per owner:
 - the launcher gives mpiexec a per-job TMPDIR (and, on one machine, Open MPI a per-job segment directory
   under /dev/shm) that it removes at the end; the ranks get the user's TMPDIR back (`rank_environment`);
 - every rank wrapper notes the shared-memory files its rank maps (/proc/PID/maps, each second and before it
-  ends the rank), and once the rank has ended unlinks those that no other rank of its node still maps. When
+  ends the rank), tells the launcher, and once the rank has ended unlinks those that no other rank of its
+  node still maps; the launcher unlinks what its own machine's wrappers reported once mpiexec is gone (an
+  MPI launcher may SIGKILL wrappers before they could). When
   the launcher died (SIGKILL) the wrappers, its last survivors, also remove the per-job TMPDIR once they have
   ended the MPI daemon (liveness.end_mpi_parent). A remote node's wrappers sweep its shared memory too.
 """
@@ -81,6 +83,21 @@ def remove_job_dirs(env: Mapping[str, str]) -> list[str]:
     return removed
 
 
+def unlink_reported(paths: Iterable[str], env: Mapping[str, str]) -> list[str]:
+    """In the launcher, once the job has ended: unlink the shared-memory files that this machine's wrappers
+    reported and that are still there (a wrapper that mpiexec SIGKILLed could not sweep them itself); only
+    MPI's and hpcring's names under the shared-memory directories."""
+    roots = tuple(os.path.realpath(r) + "/" for r in _shm_roots(env))
+    removed = []
+    for path in sorted(set(paths)):
+        real = os.path.realpath(path)
+        if real.startswith(roots) and _transient(real) and os.path.isfile(real):
+            with contextlib.suppress(OSError):
+                os.unlink(real)
+                removed.append(real)
+    return removed
+
+
 def _shm_roots(env: Mapping[str, str]) -> tuple[str, ...]:
     extra = env.get("HPCRING_SHM_DIR", "")
     return (*SHM_ROOTS, extra) if extra else SHM_ROOTS
@@ -135,13 +152,18 @@ class ShmTracker:
         self.seen: set[str] = set()
         self.next_at = 0.0
 
-    def sample(self, pid: int, now: float, force: bool = False) -> None:
-        """Note what `pid` (and its own children) map; at most once a second unless forced."""
+    def sample(self, pid: int, now: float, force: bool = False) -> set[str]:
+        """Note what `pid` (and its own children) map, at most once a second unless forced; returns the
+        files not seen before."""
         if not force and now < self.next_at:
-            return
+            return set()
         self.next_at = now + 1.0
+        found: set[str] = set()
         for p in (pid, *descendants(pid)):
-            self.seen |= mapped_files(p, self.roots)
+            found |= mapped_files(p, self.roots)
+        new = found - self.seen
+        self.seen |= new
+        return new
 
     def sweep(self, node_root: int | None) -> list[str]:
         """Unlink the files seen that still exist and that no process under `node_root` (the MPI daemon that

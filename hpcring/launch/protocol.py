@@ -31,6 +31,7 @@ STARTED = b"S"  # json: pid of the user command
 STDOUT = b"O"  # raw bytes
 STDERR = b"E"  # raw bytes
 EXITED = b"X"  # json: code, signal, ended_by_launcher, error (report.py), reason (str, optional)
+SHM = b"M"  # json: paths (shared-memory files the rank maps; cleanup.py)
 # both ways: "still here" (any frame counts as a sign of life; liveness.py)
 HEARTBEAT = b"B"
 # launcher -> wrapper
@@ -193,3 +194,16 @@ def exited(payload: bytes) -> dict[str, Any]:
 def started(payload: bytes) -> dict[str, Any]:
     """A wrapper's STARTED: pid (int)."""
     return {"pid": _field(decode(payload), "pid", (int,))}
+
+
+MAX_PATHS = 64
+
+
+def shm_paths(payload: bytes) -> list[str]:
+    """A wrapper's SHM report: paths, at most MAX_PATHS absolute paths of at most 4096 characters each."""
+    paths = _field(decode(payload), "paths", (list,))
+    if len(paths) > MAX_PATHS or not all(
+        isinstance(p, str) and p.startswith("/") and len(p) <= 4096 for p in paths
+    ):
+        raise ProtocolError(f"field 'paths' must be at most {MAX_PATHS} absolute paths")
+    return list(paths)

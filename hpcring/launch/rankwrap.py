@@ -184,10 +184,19 @@ class Wrapper:
         """SIGTERM the command's process group now, SIGKILL it after the grace period."""
         if self.child is None or self.kill_at is not None:
             return
-        self.shm.sample(self.child.pid, time.monotonic(), force=True)
+        self._track_shm(time.monotonic(), force=True)
         self._signal_group(signal.SIGTERM)
         self._signal_group(signal.SIGCONT)  # a stopped rank would keep SIGTERM pending until SIGKILL
         self.kill_at = time.monotonic() + TERM_GRACE_S
+
+    def _track_shm(self, now: float, force: bool = False) -> None:
+        """Note the shared memory the rank maps, and tell the launcher (cleanup.py)."""
+        if self.child is None:
+            return
+        new = self.shm.sample(self.child.pid, now, force)
+        if new:
+            paths = sorted(new)[: protocol.MAX_PATHS]
+            self.send(protocol.json_frame(protocol.SHM, {"paths": paths}))
 
     def _signal_group(self, sig: signal.Signals) -> None:
         if self.child is None:
@@ -216,7 +225,7 @@ class Wrapper:
                     sel.unregister(key.fileobj)
                     open_pipes -= 1
             now = time.monotonic()
-            self.shm.sample(self.child.pid, now)
+            self._track_shm(now)
             self._liveness(now)
             if self.kill_at is not None and now >= self.kill_at:
                 self._signal_group(signal.SIGKILL)

@@ -223,6 +223,7 @@ class Supervisor:
         self.silence_s = liveness.silence_timeout(spec.settings, self.base_env)  # 0: never
         self.beat_at = 0.0
         self.lost: dict[str, list[int]] = {}  # host -> ranks of the nodes not heard from
+        self.shm_paths: set[str] = set()  # shared memory this machine's ranks mapped (cleanup.py)
 
     # ---- output -------------------------------------------------------------------------------------------
     def _note(self, text: str) -> None:
@@ -444,6 +445,10 @@ class Supervisor:
             self._exited(conn, protocol.exited(payload))
         elif kind == protocol.STARTED:
             protocol.started(payload)
+        elif kind == protocol.SHM:
+            paths = protocol.shm_paths(payload)
+            if conn.host == socket.gethostname() and len(self.shm_paths) < 4096:
+                self.shm_paths.update(paths)
         else:
             raise protocol.ProtocolError(f"unknown frame type {kind!r}")
 
@@ -606,6 +611,7 @@ class Supervisor:
                         timeout=KILL_GRACE_S
                     )  # a live prterun could write its session dir again
             dirs.remove()
+            cleanup.unlink_reported(self.shm_paths, self.base_env)
             for key in list(self.sel.get_map().values()):
                 with contextlib.suppress(OSError):
                     key.fileobj.close()  # type: ignore[union-attr]
