@@ -7,12 +7,13 @@ node these pile up until /dev/shm is full. Two guards, one per owner:
 
 - the launcher gives mpiexec a per-job TMPDIR (and, on one machine, Open MPI a per-job segment directory
   under /dev/shm) that it removes at the end; the ranks get the user's TMPDIR back (`rank_environment`);
-- every rank wrapper notes the shared-memory files its rank maps (/proc/PID/maps, each second and before it
-  ends the rank), tells the launcher, and once the rank has ended unlinks those that no other rank of its
-  node still maps; the launcher unlinks what its own machine's wrappers reported once mpiexec is gone (an
-  MPI launcher may SIGKILL wrappers before they could). When
-  the launcher died (SIGKILL) the wrappers, its last survivors, also remove the per-job TMPDIR once they have
-  ended the MPI daemon (liveness.end_mpi_parent). A remote node's wrappers sweep its shared memory too.
+- every rank wrapper notes the shared-memory files its rank maps (/proc/PID/maps: at once, after 1, 3, 7
+  and 15 s, then every 8 s, and before it ends the rank) and tells the launcher; once the rank has ended it
+  unlinks those that no other rank of its node still maps, and the launcher unlinks what its own machine's
+  wrappers reported once mpiexec is gone (an MPI launcher may SIGKILL wrappers before they could). When the
+  launcher died (SIGKILL), the wrappers, its last survivors, also remove the per-job directories of its host
+  once they have ended the MPI daemon (liveness.end_mpi_parent). A remote node's wrappers sweep its shared
+  memory too.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ SHM_ROOTS = ("/dev/shm",)
 # Only files that MPI libraries and hpcring create for one job: a rank may also map a user's own file there.
 TRANSIENT = ("sm_segment.", "vader_segment.", "mpich_shm_", "hpcring-")
 SIBLING_WAIT_S = 1.0
+SAMPLE_FIRST_S, SAMPLE_MOST_S = 1.0, 8.0  # reading a rank's maps takes the kernel 0.2-2 ms: back off
 
 
 class JobDirs:
@@ -151,13 +153,18 @@ class ShmTracker:
         self.roots = _shm_roots(env)
         self.seen: set[str] = set()
         self.next_at = 0.0
+        self.interval = SAMPLE_FIRST_S
 
     def sample(self, pid: int, now: float, force: bool = False) -> set[str]:
-        """Note what `pid` (and its own children) map, at most once a second unless forced; returns the
-        files not seen before."""
+        """Note what `pid` (and its own children) map; returns the files not seen before. Unless forced
+        (before the wrapper ends the rank), 1 s after the last look at first, then ever less often, up to
+        8 s: MPI sets up its shared memory at initialisation, and a rank that dies later without its
+        wrapper's last look leaves its node's segments to the siblings' wrappers, which look again when
+        they end their own ranks."""
         if not force and now < self.next_at:
             return set()
-        self.next_at = now + 1.0
+        self.next_at = now + self.interval
+        self.interval = min(2 * self.interval, SAMPLE_MOST_S)
         found: set[str] = set()
         for p in (pid, *descendants(pid)):
             found |= mapped_files(p, self.roots)
