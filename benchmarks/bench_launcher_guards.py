@@ -3,7 +3,7 @@
     python benchmarks/bench_launcher_guards.py --new . --old /path/to/older/checkout --pairs 4
 
 The guards: the control port's authentication and bounds, the per-job directories, the wrappers' tracking
-of their rank's shared memory (a read of /proc/PID/maps each second) and their sweep at the end, the
+of their rank's shared memory (reads of /proc/PID/maps, ever less often) and their sweep at the end, the
 launcher's check that its own loop ran on time. For each of `--pairs` rounds, alternating which goes first,
 each checkout (`PYTHONPATH`) runs:
 
@@ -12,9 +12,8 @@ each checkout (`PYTHONPATH`) runs:
 - an idle 2-rank job while a neighbour opens 4 connections that each announce a 63 MiB frame and send it:
   the launcher's RSS before and after (what issue 35 found: 21.6 -> 280.6 MB without the guards).
 
-Prints one JSON line per run and, at the end, the medians and the paired ratios new / old. Needs no GPU;
-run it from any directory (the checkouts are chosen by PYTHONPATH, so the current directory must not hold
-another `hpcring`).
+Prints one JSON line per run and, at the end, the medians and the paired ratios new / old. Needs no GPU.
+The jobs run in a temporary directory, so which `hpcring` they use is PYTHONPATH's choice alone.
 """
 
 from __future__ import annotations
