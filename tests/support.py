@@ -9,6 +9,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -83,3 +84,26 @@ def link_bytes(node: str, dev: str = "eth0") -> tuple[int, int]:
     )
     stats = json.loads(out.stdout)[0]["stats64"]
     return int(stats["tx"]["bytes"]), int(stats["rx"]["bytes"])
+
+
+HOROVOD_SCRIPT = """
+import horovod.torch as hvd
+import torch
+
+
+def train(scale):
+    hvd.init()
+    total = hvd.allreduce(torch.tensor([hvd.rank() * scale]), op=hvd.Sum, name="horovod_shape.sum")
+    return hvd.rank(), hvd.size(), float(total.item()), hvd.__name__
+"""
+
+
+def horovod_script_train() -> Callable[[float], tuple[int, int, float, str]]:
+    """`train` as a Horovod script defines it: a function of a module nobody can import (so cloudpickle
+    sends it by value, as a script's or a notebook's) using the script's top-level `import horovod.torch as
+    hvd`. Needs the horovod alias installed here; the receiving side installs it when unpickling `hvd`.
+    `train(scale)` returns (rank, size, scale * sum of ranks, "horovod.torch")."""
+    namespace: dict[str, Any] = {"__name__": "horovod_user_script"}
+    exec(HOROVOD_SCRIPT, namespace)
+    train: Callable[[float], tuple[int, int, float, str]] = namespace["train"]
+    return train
