@@ -23,6 +23,7 @@ import importlib.machinery
 from types import ModuleType
 from typing import Any
 
+from hpcring.horovod_alias import finder
 from hpcring.horovod_alias.missing import (
     DOCS,
     HorovodFeatureMissing,
@@ -76,10 +77,9 @@ class AliasModule(ModuleType):
 
 
 def import_alias(name: str) -> ModuleType:
-    """The alias module `name` in this process, the alias installed first (how an alias module unpickles)."""
-    from hpcring.horovod_alias.hook import install
-
-    install()
+    """The alias module `name` in this process, the alias installed first: how an alias module unpickles
+    (Spark tasks, Ray workers and `hpcring.run`'s ranks receive functions that use a module-level `hvd`)."""
+    finder.install(spec_for)
     return importlib.import_module(name)
 
 

@@ -3,6 +3,7 @@ the tasks, a failing task named with its traceback, and refusals before anything
 
 from __future__ import annotations
 
+import io
 import time
 import uuid
 from typing import Any
@@ -97,12 +98,15 @@ def test_more_processes_than_task_slots_is_refused(spark: Any) -> None:
         ("extra_mpi_args", "-x A"),
         ("nics", ["eth0"]),
         ("executable", "py"),
+        ("stdout", io.StringIO()),
+        ("stderr", io.StringIO()),
+        ("prefix_output_with_timestamp", "yes"),
     ],
 )
 def test_horovod_parameters_without_meaning_are_refused(name: str, value: Any) -> None:
     import hpcring.spark
 
-    with pytest.raises(ConfigError, match=rf"run\({name}="):
+    with pytest.raises(ConfigError, match=rf"(run\({name}=|{name} must be True or False)"):
         hpcring.spark.run(spark_programs.scaled, args=(1,), num_proc=2, **{name: value})
 
 

@@ -2,13 +2,14 @@
 
 `TorchEstimator(backend=SparkBackend(num_proc=2, ...))` is how Horovod's Spark examples set the number of
 processes and `horovod.spark.run`'s options; a backend of the user's own (a `Backend` subclass) runs the
-training function elsewhere. As Horovod's, `SparkBackend` sends the driver's environment to the ranks unless
-given `env`, without `CUDA_VISIBLE_DEVICES` (the driver may hide GPUs from itself, not from the ranks).
+training function elsewhere. `SparkBackend` sends the ranks the `env` it is given (without
+`CUDA_VISIBLE_DEVICES`, as Horovod's: the driver may hide GPUs from itself, not from the ranks). Unlike
+Horovod's it does not send the driver's whole environment by default: hpcring's ranks run in the executors'
+own Python worker processes, whose environment (their MPICH, their paths) is theirs, not the driver's.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -59,8 +60,7 @@ class SparkBackend(Backend):
     ) -> list[Any]:
         import hpcring.spark
 
-        full_env = dict(self._env if self._env is not None else os.environ)
-        full_env.update(env or {})
+        full_env = {**(self._env or {}), **(env or {})}
         full_env.pop("CUDA_VISIBLE_DEVICES", None)
         results: list[Any] = hpcring.spark.run(
             fn, args=args, kwargs=kwargs, num_proc=self._num_proc, env=full_env, **self._kwargs
