@@ -95,15 +95,32 @@ def train(scale):
     hvd.init()
     total = hvd.allreduce(torch.tensor([hvd.rank() * scale]), op=hvd.Sum, name="horovod_shape.sum")
     return hvd.rank(), hvd.size(), float(total.item()), hvd.__name__
+
+
+def elastic_train(scale):
+    hvd.init()
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    state = hvd.elastic.TorchState(model, optimizer, total=0.0)
+
+    @hvd.elastic.run
+    def run(state):
+        total = hvd.allreduce(torch.tensor([hvd.rank() * scale]), op=hvd.Sum, name="horovod_shape.esum")
+        state.total = float(total.item())
+        state.commit()
+        return state.total
+
+    return hvd.rank(), hvd.size(), run(state), hvd.__name__
 """
 
 
-def horovod_script_train() -> Callable[[float], tuple[int, int, float, str]]:
+def horovod_script_train(name: str = "train") -> Callable[[float], tuple[int, int, float, str]]:
     """`train` as a Horovod script defines it: a function of a module nobody can import (so cloudpickle
     sends it by value, as a script's or a notebook's) using the script's top-level `import horovod.torch as
     hvd`. Needs the horovod alias installed here; the receiving side installs it when unpickling `hvd`.
-    `train(scale)` returns (rank, size, scale * sum of ranks, "horovod.torch")."""
+    `train(scale)` returns (rank, size, scale * sum of ranks, "horovod.torch"); so does `elastic_train`, in
+    Horovod's elastic shape (a TorchState, an `@hvd.elastic.run` function that commits)."""
     namespace: dict[str, Any] = {"__name__": "horovod_user_script"}
     exec(HOROVOD_SCRIPT, namespace)
-    train: Callable[[float], tuple[int, int, float, str]] = namespace["train"]
+    train: Callable[[float], tuple[int, int, float, str]] = namespace[name]
     return train
