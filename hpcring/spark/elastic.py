@@ -128,7 +128,6 @@ def run_elastic(
             "stdout": stdout,
             "stderr": stderr,
             "nics": nics,
-            "prefix_output_with_timestamp": prefix_output_with_timestamp,
         },
     )
     timeout = options.start_timeout(start_timeout)
@@ -136,7 +135,10 @@ def run_elastic(
     limit = _reset_limit(reset_limit)
     sc = spark_context()
     size, low, high = _first_size(sc, num_proc, min_np, max_np)
-    user_env = {str(k): str(v) for k, v in (env or {}).items()}
+    user_env = {
+        **{str(k): str(v) for k, v in (env or {}).items()},
+        **options.output_env(prefix_output_with_timestamp),
+    }
     directory = commit_directory(user_env)
     base_env = {**user_env, contract.ELASTIC: "1", "HOROVOD_ELASTIC": "1", contract.DIRECTORY: directory}
     payload = pickled_call(fn, args, kwargs)

@@ -71,7 +71,8 @@ def fit(df: Any, values: dict[str, Any], run_id: str) -> tuple[dict[str, Any], P
     features, labels = list(values["feature_cols"]), list(values["label_cols"])
     describe(df.schema, features, "feature_cols")
     describe(df.schema, labels, "label_cols")
-    n = _num_proc(df, values["num_proc"])
+    backend = values["backend"]
+    n = int(backend.num_processes()) if backend is not None else _num_proc(df, values["num_proc"])
     store = values["store"]
     prepared = prepare(df, store, features, labels, values["validation"], n, values["random_seed"])
     steps, val_batch, val_steps = _steps(values, prepared, n)
@@ -93,6 +94,7 @@ def fit(df: Any, values: dict[str, Any], run_id: str) -> tuple[dict[str, Any], P
         val_path=store.get_localized_path(prepared.val_path) if prepared.val_path else None,
         checkpoint_file=None if checkpoint is None else store.get_localized_path(checkpoint),
         verbose=int(values["verbose"]),
+        backward_passes_per_step=int(values["backward_passes_per_step"]),
     )
     args = (
         spec,
@@ -103,5 +105,8 @@ def fit(df: Any, values: dict[str, Any], run_id: str) -> tuple[dict[str, Any], P
         values["callbacks"],
         resume_state(store, checkpoint, int(values["verbose"])),
     )
-    results = hpcring.spark.run(train, args=args, num_proc=n)
+    if backend is not None:
+        results = backend.run(train, args=args)
+    else:
+        results = hpcring.spark.run(train, args=args, num_proc=n)
     return {**results[0], "input_shapes": shapes}, prepared
