@@ -21,6 +21,7 @@ from hpcring.config import (
     TIMELINE_DYNAMIC,
     parse_timeout,
 )
+from hpcring.contracts.wallclock import CHECKPOINT_DIR
 from hpcring.errors import ConfigError, choices
 from hpcring.launch.command import LaunchSpec, build, describe
 from hpcring.launch.hosts import parse_host_list, parse_hostfile
@@ -129,6 +130,12 @@ def register(parser: argparse.ArgumentParser) -> None:
         "--allreduce-algorithm", metavar="ALG", help=f"HPCRING_ALLREDUCE_ALGORITHM: {ALGORITHMS}"
     )
     eng.add_argument("--log-level", metavar="LEVEL", help=f"HPCRING_LOG_LEVEL: {LOG_LEVELS}")
+    eng.add_argument(
+        "--checkpoint-dir",
+        metavar="DIR",
+        help="HPCRING_CHECKPOINT_DIR: shared folder where hvd.elastic checkpoints on a wall-clock warning "
+        "(SIGUSR1/SIGUSR2 to hpcring run) and resumes from (docs/guide/elastic.md)",
+    )
     horovodrun_flags.register(parser)
     add("command", nargs=argparse.REMAINDER, help="the command each rank runs, after --")
 
@@ -173,6 +180,8 @@ def engine_settings(args: argparse.Namespace) -> dict[str, str]:
                 f"--allreduce-algorithm {args.allreduce_algorithm!r}; allowed: {choices(ALGORITHMS)}"
             )
         out["HPCRING_ALLREDUCE_ALGORITHM"] = args.allreduce_algorithm
+    if args.checkpoint_dir:
+        out[CHECKPOINT_DIR] = os.path.abspath(args.checkpoint_dir)
     if args.log_level is not None:
         if args.log_level.lower() not in LOG_LEVELS:
             raise ConfigError(f"--log-level {args.log_level!r}; allowed: {choices(LOG_LEVELS)}")
