@@ -23,6 +23,11 @@ CHECKPOINT_DIR = "HPCRING_CHECKPOINT_DIR"  # shared directory of the durable che
 MAX_REQUEUES = "HPCRING_MAX_REQUEUES"  # "N" or "N,M": bound on time-limit (N) and preemption (M) requeues
 DEFAULT_MAX_LIMIT_REQUEUES = 3  # as submitit: three time-outs; preemptions are not bounded
 
+# A rendered batch script does not signal the ranks (a rank that has not yet installed its handler would die
+# of SIGUSR1): its trap writes the kind to this file in the checkpoint directory, and rank 0 looks for it at
+# every commit. The script removes it before it starts the ranks.
+WARNING_FILE = "WARNING"
+
 LIMIT, PREEMPT = "limit", "preempt"
 # The warning a batch script forwards to `hpcring run`: SIGUSR1 before the time limit (the scheduler's
 # pre-limit signal), SIGUSR2 when the job is being preempted (the script maps the scheduler's own).
@@ -32,6 +37,17 @@ WARNINGS: dict[int, str] = {int(signal.SIGUSR1): LIMIT, int(signal.SIGUSR2): PRE
 def kind_of(signum: int) -> str | None:
     """LIMIT or PREEMPT for a warning signal, None for any other."""
     return WARNINGS.get(int(signum))
+
+
+def read_warning(directory: str) -> str | None:
+    """The kind a batch script's trap wrote to the warning file; None when there is none (or it holds
+    anything but a kind: the file is read as hostile bytes)."""
+    try:
+        with open(os.path.join(directory, WARNING_FILE), "rb") as f:
+            text = f.read(64).decode("ascii", "replace").strip()
+    except OSError:
+        return None
+    return text if text in (LIMIT, PREEMPT) else None
 
 
 def checkpoint_dir(env: Mapping[str, str] | None = None) -> str | None:

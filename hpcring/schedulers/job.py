@@ -16,7 +16,8 @@ from typing import Any
 import yaml
 
 from hpcring.errors import ConfigError
-from hpcring.schedulers import textfile, walltime
+from hpcring.schedulers import requeue, textfile, walltime
+from hpcring.schedulers.requeue import RequeueSpec
 from hpcring.schedulers.validation import validate
 
 
@@ -51,6 +52,7 @@ class JobSpec:
     env: tuple[tuple[str, str], ...] = ()
     steps: tuple[Step, ...] = field(default_factory=tuple)
     elastic: tuple[int, int] | None = None  # (min_nodes, max_restarts): hpcring.launch.elastic.batch
+    requeue: RequeueSpec | None = None  # train past the wall clock: hpcring.schedulers.requeue
 
 
 def command_argv(command: str | Sequence[str]) -> tuple[str, ...]:
@@ -116,6 +118,7 @@ def from_mapping(data: Mapping[str, Any], where: str = "<job>") -> JobSpec:
             if "elastic" in data
             else None
         ),
+        requeue=requeue.from_mapping(data["requeue"]) if data.get("requeue") not in (None, False) else None,
     )
 
 
