@@ -112,7 +112,7 @@ TaskPlugin=task/$TASK
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 SchedulerType=sched/backfill
-SchedulerParameters=batch_sched_delay=0
+SchedulerParameters=batch_sched_delay=0,bf_interval=5
 ReturnToService=2
 MpiDefault=none
 JobAcctGatherType=jobacct_gather/none

@@ -5,6 +5,7 @@ that requeues or resubmits the job; shellcheck-clean with hostile strings, and r
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -118,3 +119,37 @@ def test_printed_scripts_of_pbs_and_flux_say_how_to_continue(tmp_path: Path) -> 
         res = cli("render", "--profile", profile, "--job", str(_job(tmp_path)), "--requeue-on-limit")
         assert res.returncode == 0, res.stderr
         assert "printf 'hpcring requeue: resubmit this job script to continue\\n' >&2" in res.stdout
+
+
+def test_a_pbs_job_warns_itself_and_resubmits_its_script(tmp_path: Path) -> None:
+    """PBS sends nothing before the walltime: under the PBS stand-ins (tests/schedulers/standins) the
+    script's own timer fires 55 s before a 1-minute walltime, the trap writes `limit` where the ranks look,
+    the step (standing in for the ranks: it waits for that file) exits 85, and the script resubmits itself
+    with qsub; the resubmitted job's step sees it already ran and ends, so the test ends with it."""
+    from pbs_flux_helpers import calls, tools_env
+
+    env = tools_env(tmp_path)
+    step = (
+        'if [ -e "$HPCRING_CHECKPOINT_DIR/done" ]; then touch "$HPCRING_CHECKPOINT_DIR/again"; exit 0; fi; '
+        'until [ -e "$HPCRING_CHECKPOINT_DIR/WARNING" ]; do sleep 0.1; done; '
+        'echo "ranks warned: $(cat "$HPCRING_CHECKPOINT_DIR/WARNING")"; '
+        'touch "$HPCRING_CHECKPOINT_DIR/done"; exit 85'
+    )
+    ckpt = tmp_path / "ckpt"
+    res = cli(
+        "submit", "--profile", "generic-pbs", "--nodes", "1", "--ranks", "1", "--time", "1", "--poll", "0.1",
+        "--requeue-on-limit=55", "--checkpoint-dir", str(ckpt), "--script-dir", str(tmp_path / "jobs"),
+        "--wait", "--step", step, env=env, cwd=tmp_path,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    (script,) = (tmp_path / "jobs").glob("hpcring-*.sh")
+    for _ in range(300):  # the resubmitted job runs in the background
+        if (ckpt / "again").exists():
+            break
+        time.sleep(0.1)
+    assert (ckpt / "again").exists()
+    output = (tmp_path / "hpcring.o1234").read_text()
+    assert "hpcring requeue: limit warning at " in output and "ranks warned: limit" in output
+    assert "hpcring requeue: the ranks checkpointed into" in output
+    qsubs = [c["argv"] for c in calls(env) if c["tool"] == "qsub"]
+    assert qsubs == [[str(script)], [str(script)]]  # submitted, then resubmitted by the job itself
