@@ -27,7 +27,7 @@ from typing import BinaryIO
 
 from hpcring.contracts.elastic import RESET_EXIT_CODE
 from hpcring.contracts.rank_env import RANK_VARIABLES, rank_environment
-from hpcring.contracts.wallclock import REQUEUE_EXIT_CODE, STOPPED_EXIT_CODE, WARNINGS
+from hpcring.contracts.wallclock import REQUEUE_EXIT_CODE, STOPPED_EXIT_CODE, WARNINGS, checkpoint_dir
 from hpcring.errors import LaunchError
 from hpcring.launch import liveness, protocol
 from hpcring.launch.command import LaunchSpec, build
@@ -400,6 +400,15 @@ class Supervisor:
             if not conn.exited:
                 self._send(conn, protocol.json_frame(protocol.SIGNAL, {"signal": int(signum)}))
 
+    def _requeue_exit(self, code: int | None, sig: int | None) -> bool:
+        """A rank left with 85/86 after a warning: one this launcher passed on, or one a batch script's trap
+        wrote into the job's checkpoint directory (then only the job's naming one tells it apart from a
+        script's own exit code)."""
+        if sig is not None or code not in (REQUEUE_EXIT_CODE, STOPPED_EXIT_CODE):
+            return False
+        named = {**self.base_env, **self.spec.settings}  # the variable, or `hpcring run --checkpoint-dir`
+        return self.warned is not None or bool(checkpoint_dir(named))
+
     # ---- control socket -----------------------------------------------------------------------------------
     def _listen(self) -> tuple[socket.socket, list[str]]:
         if not self.spec.remote:
@@ -508,7 +517,7 @@ class Supervisor:
         sig_i = int(sig) if isinstance(sig, int) else None
         if report.get("ended_by_launcher") or self.abort_at is not None:
             return  # one we (or a failing peer) ended: not the cause
-        if self.warned is not None and sig_i is None and code_i in (REQUEUE_EXIT_CODE, STOPPED_EXIT_CODE):
+        if self._requeue_exit(code_i, sig_i):
             self.requeue_status = code_i  # checkpointed on the warning: every rank leaves the same way
             return
         if self.elastic and code_i == RESET_EXIT_CODE and sig_i is None:

@@ -12,7 +12,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -34,12 +34,14 @@ def launch(
     *,
     signum: int | None = None,
     at_step: int = 0,
+    action: Callable[[], object] | None = None,
     env: dict[str, str] | None = None,
     program: str = PROGRAM,
     timeout: float = 240,
 ) -> tuple[int, str, str]:
     """`hpcring run` on NP ranks; with `signum`, that signal goes to the launcher once rank 0 printed STEP
-    `at_step` (or, for the hook program, its READY line). Returns (exit code, stdout, stderr)."""
+    `at_step` (or, for the hook program, its READY line); `action` is called then instead. Returns (exit
+    code, stdout, stderr)."""
     py = sys.executable
     argv = [py, "-m", "hpcring", "run", "-np", str(NP), *flags, "--", py, "-W", "ignore", program]
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
@@ -60,9 +62,12 @@ def launch(
         assert proc.stdout is not None and proc.stderr is not None
         for line in proc.stdout:
             lines.append(line)
-            if signum is not None and line.startswith(trigger):
-                proc.send_signal(signum)
-                signum = None
+            if (signum is not None or action is not None) and line.startswith(trigger):
+                if action is not None:
+                    action()
+                elif signum is not None:
+                    proc.send_signal(signum)
+                signum = action = None
             if time.monotonic() > deadline:
                 break
         err = proc.stderr.read()
@@ -133,3 +138,22 @@ def test_a_plain_script_gets_the_warning_through_its_hook(tmp_path: Path, signum
     warned = sorted(line for line in out.splitlines() if "WARNED" in line)
     assert warned == [f"[{r}]<stdout>:WARNED limit rank={r}" for r in range(NP)], out
     assert "exiting with 85 (requeue the job)" in err
+
+
+def test_a_batch_scripts_warning_file_stops_the_ranks_at_a_commit(tmp_path: Path) -> None:
+    """A rendered batch script's trap writes the warning's kind to WARNING in the checkpoint directory
+    (tests/schedulers/test_requeue_render.py renders it): rank 0 sees it at the next commit, every rank
+    checkpoints and leaves with 85, and `hpcring run` reports a requeue, not a failed rank."""
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    code, out, err = launch(
+        ["--checkpoint-dir", str(ckpt)],
+        ["--step-sleep", "0.15", "--commit-every", "2"],
+        at_step=3,
+        action=lambda: (ckpt / "WARNING").write_text("preempt\n"),
+    )
+    assert code == REQUEUE_EXIT_CODE, err[-3000:]
+    stopped = re.search(r"preemption warning: checkpoint of commit \d+ \(step (\d+)\)", err)
+    assert stopped is not None and int(stopped.group(1)) in (4, 6), err[-3000:]
+    assert steps_of(out)[-1] == int(stopped.group(1))
+    assert "ending the other ranks" not in err and "exiting with 85 (requeue the job)" in err
