@@ -121,25 +121,33 @@ def test_printed_scripts_of_pbs_and_flux_say_how_to_continue(tmp_path: Path) -> 
         assert "printf 'hpcring requeue: resubmit this job script to continue\\n' >&2" in res.stdout
 
 
-def test_a_pbs_job_warns_itself_and_resubmits_its_script(tmp_path: Path) -> None:
-    """PBS sends nothing before the walltime: under the PBS stand-ins (tests/schedulers/standins) the
-    script's own timer fires 55 s before a 1-minute walltime, the trap writes `limit` where the ranks look,
-    the step (standing in for the ranks: it waits for that file) exits 85, and the script resubmits itself
-    with qsub; the resubmitted job's step sees it already ran and ends, so the test ends with it."""
+_STEP = (  # stands in for the ranks: waits for the trap's WARNING file, then leaves with 85 (once)
+    'if [ -e "$HPCRING_CHECKPOINT_DIR/done" ]; then touch "$HPCRING_CHECKPOINT_DIR/again"; exit 0; fi; '
+    'until [ -e "$HPCRING_CHECKPOINT_DIR/WARNING" ]; do sleep 0.1; done; '
+    'echo "ranks warned: $(cat "$HPCRING_CHECKPOINT_DIR/WARNING")"; '
+    'touch "$HPCRING_CHECKPOINT_DIR/done"; exit 85'
+)
+
+
+@pytest.mark.parametrize(
+    ("profile", "submit", "output"),
+    [("generic-pbs", ["qsub"], "hpcring.o1234"), ("generic-flux", ["flux", "batch"], "flux-*.out")],
+)
+def test_a_warned_job_resubmits_its_script_under_the_standins(
+    profile: str, submit: list[str], output: str, tmp_path: Path
+) -> None:
+    """Under the PBS and Flux stand-ins (tests/schedulers/standins): the warning comes 55 s before a
+    1-minute limit (PBS: the script's own timer, as PBS has no such signal; Flux: `--signal=USR1@55s`, which
+    the stand-in implements from flux-batch(1)), the trap writes `limit` where the ranks look, the step exits
+    85, and the script resubmits itself; the resubmitted job's step sees it already ran and ends."""
     from pbs_flux_helpers import calls, tools_env
 
     env = tools_env(tmp_path)
-    step = (
-        'if [ -e "$HPCRING_CHECKPOINT_DIR/done" ]; then touch "$HPCRING_CHECKPOINT_DIR/again"; exit 0; fi; '
-        'until [ -e "$HPCRING_CHECKPOINT_DIR/WARNING" ]; do sleep 0.1; done; '
-        'echo "ranks warned: $(cat "$HPCRING_CHECKPOINT_DIR/WARNING")"; '
-        'touch "$HPCRING_CHECKPOINT_DIR/done"; exit 85'
-    )
     ckpt = tmp_path / "ckpt"
     res = cli(
-        "submit", "--profile", "generic-pbs", "--nodes", "1", "--ranks", "1", "--time", "1", "--poll", "0.1",
+        "submit", "--profile", profile, "--nodes", "1", "--ranks", "1", "--time", "1", "--poll", "0.1",
         "--requeue-on-limit=55", "--checkpoint-dir", str(ckpt), "--script-dir", str(tmp_path / "jobs"),
-        "--wait", "--step", step, env=env, cwd=tmp_path,
+        "--wait", "--step", _STEP, env=env, cwd=tmp_path,
     )  # fmt: skip
     assert res.returncode == 0, res.stderr
     (script,) = (tmp_path / "jobs").glob("hpcring-*.sh")
@@ -148,8 +156,9 @@ def test_a_pbs_job_warns_itself_and_resubmits_its_script(tmp_path: Path) -> None
             break
         time.sleep(0.1)
     assert (ckpt / "again").exists()
-    output = (tmp_path / "hpcring.o1234").read_text()
-    assert "hpcring requeue: limit warning at " in output and "ranks warned: limit" in output
-    assert "hpcring requeue: the ranks checkpointed into" in output
-    qsubs = [c["argv"] for c in calls(env) if c["tool"] == "qsub"]
-    assert qsubs == [[str(script)], [str(script)]]  # submitted, then resubmitted by the job itself
+    text = "".join(p.read_text() for p in sorted(tmp_path.glob(output)))
+    assert "hpcring requeue: limit warning at " in text and "ranks warned: limit" in text, text
+    assert "hpcring requeue: the ranks checkpointed into" in text
+    tool, *verb = submit
+    subs = [c["argv"] for c in calls(env) if c["tool"] == tool and c["argv"][: len(verb)] == verb]
+    assert subs == [[*verb, str(script)], [*verb, str(script)]]  # submitted, then resubmitted by the job
