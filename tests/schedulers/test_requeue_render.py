@@ -162,3 +162,20 @@ def test_a_warned_job_resubmits_its_script_under_the_standins(
     tool, *verb = submit
     subs = [c["argv"] for c in calls(env) if c["tool"] == tool and c["argv"][: len(verb)] == verb]
     assert subs == [[*verb, str(script)], [*verb, str(script)]]  # submitted, then resubmitted by the job
+
+
+def test_the_guides_example_renders(tmp_path: Path) -> None:
+    """docs/guide/elastic.md, "Longer than the wall clock": its job file and render command, as shown."""
+    from support import ROOT
+
+    guide = (ROOT / "docs" / "guide" / "elastic.md").read_text()
+    section = guide.split("## Longer than the wall clock", 1)[1]
+    job_text = section.split("```yaml\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "job.yaml").write_text(job_text)
+    command = section.split("```sh\n", 1)[1].split("\n", 1)[0].split("#", 1)[0].split()
+    assert command[:2] == ["hpcring", "render"], command
+    res = cli(*command[1:], cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    text = (tmp_path / "job.sh").read_text()
+    assert "#SBATCH --signal=B:USR1@120" in text and "#SBATCH --requeue" in text
+    check_shellcheck(tmp_path, text, "checked.sh")
