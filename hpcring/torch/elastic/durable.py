@@ -255,11 +255,24 @@ def resume(state: ObjectState) -> bool:
     state.sync()
     same_world = manifest["size"] == basics.size()
     if same_world:
-        _seq, snap = store.read(folder / f"rng-{basics.rank()}{store.SUFFIX}")
-        _rng_restore(snap)
+        _restore_own_rng(folder)
     _resumed = manifest
     _say(_resume_line(folder, manifest, same_world) + "; " + _lost(Path(directory), manifest))
     return True
+
+
+def _restore_own_rng(folder: Path) -> None:
+    """This rank's RNG states from the checkpoint; a missing or unreadable file (a folder that is not shared
+    by the nodes) is said on this rank's stderr and training goes on with fresh states."""
+    path = folder / f"rng-{basics.rank()}{store.SUFFIX}"
+    try:
+        _seq, snap = store.read(path)
+        _rng_restore(snap)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        print(
+            f"hpcring requeue: rank {basics.rank()}: RNG states not restored from {path}: {exc}",
+            file=sys.stderr,
+        )
 
 
 def _resume_line(folder: Path, manifest: dict[str, Any], same_world: bool) -> str:
