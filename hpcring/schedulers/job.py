@@ -16,7 +16,8 @@ from typing import Any
 import yaml
 
 from hpcring.errors import ConfigError
-from hpcring.schedulers import textfile, walltime
+from hpcring.schedulers import requeue, textfile, walltime
+from hpcring.schedulers.requeue import RequeueSpec
 from hpcring.schedulers.validation import validate
 
 
@@ -53,6 +54,7 @@ class JobSpec:
     elastic: tuple[int, int] | None = None  # (min_nodes, max_restarts): hpcring.launch.elastic.batch
     # The rank program links the MPI's GPU transfer library (network.py); None: the profile's default.
     gpu_aware_mpi: bool | None = None
+    requeue: RequeueSpec | None = None  # train past the wall clock: hpcring.schedulers.requeue
 
 
 def command_argv(command: str | Sequence[str]) -> tuple[str, ...]:
@@ -119,6 +121,7 @@ def from_mapping(data: Mapping[str, Any], where: str = "<job>") -> JobSpec:
             else None
         ),
         gpu_aware_mpi=data.get("gpu_aware_mpi"),
+        requeue=requeue.from_mapping(data["requeue"]) if data.get("requeue") not in (None, False) else None,
     )
 
 

@@ -259,8 +259,8 @@ class ElasticDriver:
                 on_tick=self._tick,
             )
             rc = sup.run()
-            if sup.interrupted is not None:
-                return rc
+            if sup.interrupted is not None or sup.requeue_status is not None:
+                return rc  # a signal ended the job, or the ranks checkpointed to be requeued (85/86)
             if sup.failure is None and sup.reset_rank is None and rc == 0:
                 return 0
             why = self._account(sup)

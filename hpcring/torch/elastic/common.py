@@ -19,7 +19,7 @@ import torch
 from hpcring.contracts import elastic as contract
 from hpcring.torch import basics
 from hpcring.torch.collective_ops import broadcast_
-from hpcring.torch.elastic import store
+from hpcring.torch.elastic import durable, store
 from hpcring.torch.functions import broadcast_object
 
 
@@ -87,6 +87,8 @@ class State:
         commit cost against the steps redone after a failure."""
         self.save()
         os.environ[contract.COMMITTED] = "1"
+        if isinstance(self, ObjectState):
+            durable.at_commit(self)  # a wall-clock warning: checkpoint durably and leave to be requeued
         self.check_host_updates()
 
     def check_host_updates(self) -> None:
