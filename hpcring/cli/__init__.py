@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -124,7 +125,30 @@ def subcommand_parser(name: str) -> argparse.ArgumentParser:
 _USAGE_ERRORS = (ConfigError, ProfileError, JobShapeError)
 
 
+# A closed pipe (`hpcring profiles list | head`) ends a command as SIGPIPE ends other tools: quietly, 141.
+CLOSED_PIPE_STATUS = 128 + 13
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one subcommand; its output ending in a closed pipe is not an error worth a traceback."""
+    try:
+        try:
+            return _main(argv)
+        finally:
+            sys.stdout.flush()  # here, not at exit (after --help's SystemExit too), where it cannot be caught
+    except BrokenPipeError:
+        _silence_stdout()
+        return CLOSED_PIPE_STATUS
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null: Python flushes it again at exit, which would raise on the closed pipe."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     if not argv or argv[0] not in SUBCOMMANDS:
