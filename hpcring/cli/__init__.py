@@ -64,8 +64,8 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         (
             "hpcring profiles list",
             "hpcring profiles show frontier",
-            "hpcring profiles validate mysite.yaml",
             "hpcring profiles init -o mysite.yaml",
+            "hpcring profiles validate mysite.yaml",
         ),
     ),
     "map": Subcommand(
@@ -86,7 +86,7 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         "write a batch job script and submit it (sbatch, bsub, ...)",
         (
             "hpcring submit --profile frontier --nodes 2 --account abc123 --dry-run -- python train.py",
-            "hpcring submit --profile frontier --nodes 2 --wait -- python train.py",
+            "hpcring submit --profile frontier --nodes 2 --account abc123 --wait -- python train.py",
         ),
     ),
 }

@@ -34,7 +34,7 @@ def register(parser: argparse.ArgumentParser) -> None:
         "--dry-run",
         action="store_true",
         default=env_flag("HPCRING_DRY_RUN"),
-        help="show everything, submit nothing [HPCRING_DRY_RUN]",
+        help="show the script, its files and the submit command; write and submit nothing [HPCRING_DRY_RUN]",
     )
     parser.add_argument(
         "--wait",
