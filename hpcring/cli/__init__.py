@@ -54,7 +54,7 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         "hpcring.cli.bench",
         "benchmark collectives against raw MPI (run it under hpcring run, srun or mpiexec)",
         (
-            "hpcring run -np 4 -- python -m hpcring bench allreduce -b 8 -e 64M -f 4",
+            "hpcring run -np 4 -- python -m hpcring bench allreduce -b 8 -e 4M -f 4",
             "hpcring bench allreduce -e 1M",
         ),
     ),
