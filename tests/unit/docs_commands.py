@@ -75,6 +75,12 @@ SUBSTITUTED: list[tuple[str, str, str, str]] = [
         "HPCRING_GIT=file://{root}",
         "the reader's URL: this checkout's own git repository stands in for it",
     ),
+    (
+        "cli.md",
+        "hpcring profiles init -o mysite.yaml",
+        "hpcring profiles init --scheduler slurm -o mysite.yaml",
+        "meant for a compute node, where the batch system answers; here none does, so it is named",
+    ),
 ]
 
 

@@ -80,9 +80,16 @@ def _commands(page: Path) -> list[list[str]]:
 
 
 def _env(reports: Path) -> dict[str, str]:
+    """This environment's python and pip first on PATH, and an `hpcring` that runs this checkout's code
+    (`python -m hpcring`, whether or not an `hpcring` script is installed)."""
+    shim = reports / "bin"
+    if not (shim / "hpcring").exists():
+        shim.mkdir(exist_ok=True)
+        (shim / "hpcring").write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} -m hpcring "$@"\n')
+        (shim / "hpcring").chmod(0o755)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HPCRING_", "HOROVOD_"))}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    env["PATH"] = os.pathsep.join([str(shim), str(Path(sys.executable).parent), env.get("PATH", "")])
     env.update(PYTHON=sys.executable, REPORTS=str(reports), HPCRING_GIT=f"file://{ROOT}", OMP_NUM_THREADS="1")
     return env
 
