@@ -27,7 +27,7 @@ from typing import Any
 
 from hpcring.contracts import elastic as contract
 from hpcring.errors import ConfigError
-from hpcring.spark import options
+from hpcring.spark import executors, options
 from hpcring.spark.runner import pickled_call, spark_context
 from hpcring.spark.stage import SparkStage, StageFailure
 from hpcring.spark.task import RAISED, SparkJobFailed
@@ -134,6 +134,7 @@ def run_elastic(
     worlds_timeout = options.elastic_timeout(elastic_timeout)
     limit = _reset_limit(reset_limit)
     sc = spark_context()
+    executors.check(sc, "hpcring.spark.run_elastic")
     size, low, high = _first_size(sc, num_proc, min_np, max_np)
     user_env = {
         **{str(k): str(v) for k, v in (env or {}).items()},

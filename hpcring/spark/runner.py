@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from hpcring.spark import options
+from hpcring.spark import executors, options
 from hpcring.spark.stage import SparkStage, StageFailure
 
 
@@ -81,6 +81,7 @@ def run(
     stamp_env = options.output_env(prefix_output_with_timestamp)
     timeout = options.start_timeout(start_timeout)
     sc = spark_context()
+    executors.check(sc, "hpcring.spark.run")
     size = options.num_proc(sc, num_proc)
     payload = pickled_call(fn, args, kwargs)
     stage = SparkStage(sc, "run")

@@ -11,9 +11,10 @@ from hpcring.spark.torch.remote import TrainSpec, train
 
 def _num_proc(df: Any, num_proc: int | None) -> int:
     """num_proc as `hpcring.spark.run` checks it (default: the cluster's task slots; more than it has is
-    refused), checked before the data preparation's Spark jobs."""
-    from hpcring.spark import options
+    refused), checked before the data preparation's Spark jobs, as are the executors' Python and MPI."""
+    from hpcring.spark import executors, options
 
+    executors.check(df.sparkSession.sparkContext, "TorchEstimator")  # before the preparation's Spark jobs
     try:
         return options.num_proc(df.sparkSession.sparkContext, num_proc)
     except ConfigError as exc:
