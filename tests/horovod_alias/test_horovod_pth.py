@@ -43,7 +43,9 @@ def test_the_wheel_ships_the_pth_at_the_root_of_site_packages(tmp_path: Path) ->
 
 def test_an_editable_install_puts_the_pth_in_site_packages(tmp_path: Path) -> None:
     prefix = tmp_path / "prefix"
-    _pip("install", "--prefix", str(prefix), "-e", str(ROOT), cwd=tmp_path)
+    # --ignore-installed: without it pip uninstalls the running environment's hpcring before installing
+    # into the prefix, and every later test would find no hpcring.
+    _pip("install", "--ignore-installed", "--prefix", str(prefix), "-e", str(ROOT), cwd=tmp_path)
     found = list(prefix.rglob(PTH.name))
     assert [p.parent.name for p in found] == ["site-packages"]
     assert found[0].read_bytes() == PTH.read_bytes()
