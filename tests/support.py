@@ -124,3 +124,29 @@ def horovod_script_train(name: str = "train") -> Callable[[float], tuple[int, in
     exec(HOROVOD_SCRIPT, namespace)
     train: Callable[[float], tuple[int, int, float, str]] = namespace[name]
     return train
+
+
+def on_terminal(argv: list[str], env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    """Run `argv` with stderr on a real pseudo-terminal of 120 columns (so the command decides for itself
+    that a person is reading); return its exit code, its stdout and what the terminal showed."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=follower, env=env)
+    os.close(follower)
+    shown = b""
+    while True:
+        try:
+            chunk = os.read(leader, 4096)
+        except OSError:  # EIO: the command ended and closed the terminal
+            break
+        if not chunk:
+            break
+        shown += chunk
+    os.close(leader)
+    out, _ = proc.communicate(timeout=120)
+    return proc.returncode, out.decode(errors="replace"), shown.decode(errors="replace")

@@ -7,13 +7,13 @@ the real tools print; stderr is a real pseudo-terminal, so the command decides f
 from __future__ import annotations
 
 import os
-import pty
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from support import on_terminal
 
 from hpcring.durations import duration
 
@@ -68,27 +68,8 @@ def _submit(tmp_path: Path, *extra: str) -> list[str]:
     return [*argv, "--step", "sleep 0.5"]
 
 
-def _on_terminal(argv: list[str], env: dict[str, str]) -> tuple[int, str, str]:
-    """Run with stderr on a pseudo-terminal; return the exit code, stdout and what the terminal showed."""
-    leader, follower = pty.openpty()
-    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=follower, env=env)
-    os.close(follower)
-    shown = b""
-    while True:
-        try:
-            chunk = os.read(leader, 4096)
-        except OSError:  # EIO: the command ended and closed the terminal
-            break
-        if not chunk:
-            break
-        shown += chunk
-    os.close(leader)
-    out, _ = proc.communicate(timeout=60)
-    return proc.returncode, out.decode(), shown.decode()
-
-
 def test_terminal_shows_each_state_with_the_time_in_the_last(env: dict[str, str], tmp_path: Path) -> None:
-    code, out, shown = _on_terminal(_submit(tmp_path), env)
+    code, out, shown = on_terminal(_submit(tmp_path), env)
     assert code == 0, shown
     assert out.splitlines() == ["4321"]
     lines = [m.groups() for m in map(LINE.match, shown.splitlines()) if m]
@@ -103,7 +84,7 @@ def test_terminal_shows_each_state_with_the_time_in_the_last(env: dict[str, str]
 
 
 def test_quiet_or_piped_shows_only_the_end(env: dict[str, str], tmp_path: Path) -> None:
-    code, _, shown = _on_terminal(_submit(tmp_path, "--quiet"), env)
+    code, _, shown = on_terminal(_submit(tmp_path, "--quiet"), env)
     assert code == 0
     assert not [line for line in shown.splitlines() if LINE.match(line)], shown
     piped = subprocess.run(_submit(tmp_path), capture_output=True, text=True, env=env, timeout=60)

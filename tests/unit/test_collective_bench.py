@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support import on_terminal
 
 from hpcring.bench import allreduce as bench
 from hpcring.errors import ConfigError
@@ -122,31 +123,10 @@ def _bench_argv() -> list[str]:
 
 
 def test_progress_bar_only_on_a_terminal_and_cleared() -> None:
-    import fcntl
-    import os
-    import pty
-    import struct
-    import termios
-
-    leader, follower = pty.openpty()
-    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
-    proc = subprocess.Popen(_bench_argv(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=follower)
-    os.close(follower)
-    shown = b""
-    while True:
-        try:
-            chunk = os.read(leader, 4096)
-        except OSError:  # EIO: the command ended
-            break
-        if not chunk:
-            break
-        shown += chunk
-    os.close(leader)
-    out, _ = proc.communicate(timeout=60)
-    assert proc.returncode == 0, shown.decode(errors="replace")
-    text = shown.decode(errors="replace")
+    code, out, text = on_terminal(_bench_argv())
+    assert code == 0, text
     assert "/15 [" in text and "cell/s" in text  # 3 sizes x (raw + 4 algorithms)
     assert text.rstrip("\r").split("\r")[-1].strip() == ""  # the bar's line is blanked at the end
-    assert "cell/s" not in out.decode()
+    assert "cell/s" not in out
     piped = subprocess.run(_bench_argv(), capture_output=True, text=True, timeout=60)
     assert piped.returncode == 0 and "cell/s" not in piped.stderr
