@@ -49,6 +49,28 @@ class CollectiveTimeoutError(CollectiveError):
     exit_status = COLLECTIVE_TIMEOUT_EXIT_STATUS
 
 
+# The status a rank exits with when a file it must write does not fit (`DiskFullError`): EX_IOERR.
+DISK_FULL_EXIT_STATUS = 74
+
+
+class DiskFullError(HpcringError, OSError):
+    """A file hpcring writes (an elastic commit, a checkpoint) does not fit on its file system: the disk's
+    fault, never a host's or the script's, so the elastic driver ends the job and blacklists nobody.
+    One line naming the folder and the bytes needed; `errno` is ENOSPC (or EDQUOT) as the write's was."""
+
+    exit_status = DISK_FULL_EXIT_STATUS
+
+    def __init__(self, what: str, directory: str, needed: int, free: int | None, errno_: int) -> None:
+        room = f"{free} bytes are free there" if free is not None else "the free space is unknown"
+        super().__init__(
+            f"no space left for {what} in {directory}: it needs {needed} bytes and {room}; free some space "
+            "there or point it at a larger file system"
+        )
+        self.errno = errno_
+        self.directory = directory
+        self.needed = needed
+
+
 class RankFailedError(HpcringError, RuntimeError):
     """Another rank died or raised; carries its number so every survivor can report it."""
 
