@@ -9,6 +9,25 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+SHOWN_CHARS = 200  # the most of a value an error message quotes
+
+
+def shown(value: object, limit: int = SHOWN_CHARS) -> str:
+    """`repr(value)` for an error message, at most about `limit` characters: a hostile value (a megabyte
+    string, an expanded YAML structure) is cut, and a long container is never rendered whole first."""
+    import reprlib
+
+    bounded = reprlib.Repr()
+    bounded.maxlevel, bounded.maxstring, bounded.maxother, bounded.maxlong = 3, limit, limit, limit
+    bounded.maxlist = bounded.maxtuple = bounded.maxdict = bounded.maxset = 20
+    text = bounded.repr(value)
+    return text if len(text) <= limit else f"{text[: limit - 3]}..."
+
+
+def shown_text(text: str, limit: int = SHOWN_CHARS) -> str:
+    """A message from elsewhere (jsonschema's, which quotes whole values) cut to about `limit` characters."""
+    return text if len(text) <= limit else f"{text[: limit - 3]}..."
+
 
 class HpcringError(Exception):
     """Base of every error hpcring raises on purpose."""
@@ -98,7 +117,7 @@ class SubmitError(HpcringError):
 
 def choices(values: Iterable[object]) -> str:
     """Format allowed values for an error message: `'a', 'b' or 'c'`."""
-    items = [repr(v) for v in values]
+    items = [shown(v) for v in values]
     if len(items) <= 1:
         return "".join(items)
     return ", ".join(items[:-1]) + " or " + items[-1]

@@ -18,6 +18,7 @@ from hpcring.config import (
     ALGORITHMS,
     COLLECTIVE_TIMEOUT_VAR,
     DEFAULT_COLLECTIVE_TIMEOUT_S,
+    MAX_RANKS,
     TIMELINE_DYNAMIC,
     parse_timeout,
 )
@@ -199,9 +200,9 @@ def _yield(text: str) -> bool | None:
 def _np(args: argparse.Namespace) -> int:
     """-np, or in elastic mode the first world's lower bound (--min-np) when -np is not given."""
     if args.np is not None:
-        return int(number(int, str(args.np), "-np", minimum=1))
+        return int(number(int, str(args.np), "-np", minimum=1, maximum=MAX_RANKS))
     if args.min_np is not None:
-        return int(number(int, str(args.min_np), "--min-np", minimum=1))
+        return int(number(int, str(args.min_np), "--min-np", minimum=1, maximum=MAX_RANKS))
     raise ConfigError("-np N is required (the number of ranks), e.g. hpcring run -np 4 -- python train.py")
 
 
