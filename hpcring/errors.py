@@ -90,6 +90,12 @@ class DiskFullError(HpcringError, OSError):
         self.needed = needed
 
 
+class ArgumentError(HpcringError, TypeError, ValueError):
+    """A collective was given something it does not take (not a tensor, a sparse tensor where dense ones
+    go); the message names the argument and what it takes. A TypeError, and a ValueError as the checks of
+    earlier versions raised."""
+
+
 class RankFailedError(HpcringError, RuntimeError):
     """Another rank died or raised; carries its number so every survivor can report it."""
 

@@ -98,10 +98,11 @@ def parse(text: str, where: str = "<profile>") -> Profile:
         data = safe_yaml.load(text)
     except yaml.YAMLError as exc:
         raise ProfileError(f"{where}: not valid YAML: {exc}") from exc
-    parts = data.get("partitions") if isinstance(data, dict) else None
+    site = data.get("site") if isinstance(data, dict) else None
+    parts = site.get("partitions") if isinstance(site, dict) else None
     if isinstance(parts, list) and len(parts) > MAX_PARTITIONS:  # said before validating each of them
         raise ProfileError(
-            f"{where}: partitions: {len(parts)} are too many; allowed: at most {MAX_PARTITIONS}"
+            f"{where}: site.partitions: {len(parts)} are too many; allowed: at most {MAX_PARTITIONS}"
         )
     validate(data, "profile", where, ProfileError)
     return build(data, where, text)
