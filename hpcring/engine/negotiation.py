@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from hpcring.collective.kernels import wait_polled
+from hpcring.config import EngineSettings
 from hpcring.engine import unmatched
 from hpcring.engine.bitvector import (
     _ALL_FLAGS,
@@ -22,7 +23,7 @@ from hpcring.engine.bitvector import (
     _pack_bits,
     _unpack_bits,
 )
-from hpcring.engine.engine_state import EngineState
+from hpcring.engine.engine_state import EngineState, patience_s
 from hpcring.engine.joined import _NO_STAND_IN
 from hpcring.engine.request import CACHEABLE, OpType, Signature
 from hpcring.engine.responses import _ALLREDUCE, _JOIN, _REQ_SIG, Response, _response
@@ -39,6 +40,8 @@ class Negotiator:
         self._state = state
         self._mpi = mpi
         self._stalls = StallInspector(state)
+        self._patience_of: EngineSettings | None = None  # the settings `_patience` was worked out for
+        self._patience: float | None = None
 
     def _agree(self, st: SetState, flags: int, hit: int, absent: int) -> tuple[int, int, int]:
         """Bitwise AND over the set's ranks of this rank's (flags, hit, absent) words (see `_vector`).
@@ -96,14 +99,11 @@ class Negotiator:
         # Cached requests waiting long go through the table, where the stall inspector and the collective
         # timeout (unmatched.py) can name missing ranks. Scanned a few times per patience period, not every
         # cycle (a fused step keeps hundreds cached).
-        if cached_wait and (patience := self._state.patience_s) is not None:
-            self._patience_scan(st, now, patience)
-
-    @staticmethod
-    def _patience_scan(st: SetState, now: float, patience: float) -> None:
-        """Move the cached requests waiting longer than `patience` to the outbox (a few scans per period)."""
-        cached_wait, outbox = st.cached_wait, st.outbox
-        if now - st.last_patience_scan > patience / 4:
+        settings = self._state.settings
+        if settings is not self._patience_of:  # worked out once per settings object (a tune replaces it)
+            self._patience_of, self._patience = settings, patience_s(settings)
+        patience = self._patience
+        if cached_wait and patience is not None and now - st.last_patience_scan > patience / 4:
             st.last_patience_scan = now
             for bit, req in list(cached_wait.items()):
                 if now - req.submitted_at > patience:

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 from hpcring.config import EngineSettings
 from hpcring.engine import OpType, Signature
-from hpcring.engine.engine_state import EngineState
+from hpcring.engine.engine_state import patience_s
 from hpcring.engine.set_state import Entry, SetState
 from hpcring.engine.unmatched import describe, overdue, snapshot
 
@@ -65,7 +65,7 @@ def test_joined_ranks_are_not_missing_and_long_tables_are_cut() -> None:
 
 def test_a_cached_request_reaches_the_table_within_half_the_first_bound() -> None:
     def patience(**kw: object) -> float | None:
-        return EngineState(EngineSettings(**kw)).patience_s  # type: ignore[arg-type]
+        return patience_s(EngineSettings(**kw))  # type: ignore[arg-type]
 
     assert patience(stall_check_time_s=60.0, collective_timeout_s=300.0) == 30.0  # as before: the stall check
     assert patience(stall_check_time_s=60.0, collective_timeout_s=10.0) == 5.0  # the timeout comes first
