@@ -227,7 +227,7 @@ def build_spec(args: argparse.Namespace, flavour: str = "openmpi") -> LaunchSpec
     )
     emulate = None
     if args.emulate_nodes is not None:
-        emulate = int(number(int, str(args.emulate_nodes), "--emulate-nodes", minimum=1))
+        emulate = int(number(int, str(args.emulate_nodes), "--emulate-nodes", minimum=1, maximum=MAX_RANKS))
     command = list(args.command)
     if command[:1] == ["--"]:
         command = command[1:]
