@@ -8,6 +8,7 @@ from typing import Any
 from hpcring import _deps
 from hpcring.collective import dtypes
 from hpcring.engine import OpType, ProcessSet, Request, global_process_set
+from hpcring.errors import ArgumentError
 from hpcring.torch import adasum_rules, basics
 from hpcring.torch.compression import Compression
 from hpcring.torch.graph import run_op
@@ -254,6 +255,12 @@ def _grouped_allreduce_submit(
 ) -> int:
     """Submit one `single` allreduce per tensor (in place or not) as one atomic, fusable group."""
     op = handle_average_backwards_compatibility(op, average)
+    # Only a list or tuple: a tensor would be taken row by row.
+    if type(tensors) is not list and not isinstance(tensors, (list, tuple)):
+        raise ArgumentError(
+            "grouped_allreduce: argument 'tensors' must be a list or tuple of torch.Tensor, got "
+            f"{type(tensors).__name__}"
+        )
     try:
         names = _group_names("allreduce", name, len(tensors), process_set)
         return _submit_group(

@@ -59,9 +59,7 @@ def tensor_problem(t: Any, what: str, arg: str = "tensor", layout: Any = None) -
     has, takes = str(t.layout).removeprefix("torch."), str(wanted).removeprefix("torch.")
     hint = ""
     if t.layout is torch.sparse_coo and what in ("allreduce", "grouped_allreduce"):
-        hint = (
-            "; for a sparse gradient: sparse_allreduce_async, or DistributedOptimizer(sparse_as_dense=True)"
-        )
+        hint = "; for sparse gradients: sparse_allreduce_async or DistributedOptimizer(sparse_as_dense=True)"
     elif wanted is torch.strided:
         hint = "; convert it with .to_dense()"
     takes = "dense (strided)" if wanted is torch.strided else takes

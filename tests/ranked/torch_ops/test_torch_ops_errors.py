@@ -161,6 +161,10 @@ def test_every_op_names_the_argument_it_cannot_take(hvd: ModuleType) -> None:
     with pytest.raises(
         ArgumentError, match=r"^sparse_allreduce_async: argument 'tensor' must be a sparse COO"
     ):
+        hvd.sparse_allreduce_async(3, name="int", op=hvd.Sum)
+    with pytest.raises(
+        ArgumentError, match=r"'tensor' has layout strided; sparse_allreduce_async takes sparse_coo"
+    ):
         hvd.sparse_allreduce_async(torch.ones(2), name="dense", op=hvd.Sum)
     with pytest.raises(ArgumentError, match=r"for sparse gradients: sparse_allreduce_async or Distributed"):
         hvd.allreduce(sparse)
