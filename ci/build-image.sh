@@ -4,8 +4,10 @@
 #   ci/build-image.sh build       install podman if missing, make the base image, build localhost/hpcring:cpu
 #   ci/build-image.sh build-def   convert singularity/hpcring.def (ci/def2oci.py) and build it FROM that image
 #                                 as localhost/hpcring:sif (entry point = the .def's %runscript, like a .sif)
+#   ci/build-image.sh build-mpijob  build containers/Dockerfile.mpijob FROM that image (adds sshd) as
+#                                 localhost/hpcring:mpijob, the image of the MPIJob pods (Kubernetes)
 #   ci/build-image.sh smoke       a 2-rank allreduce in the image and the .def's %test (no network)
-#   ci/build-image.sh all         build + build-def + smoke (default)
+#   ci/build-image.sh all         build + build-def + build-mpijob + smoke (default)
 #   ci/build-image.sh podman ARGS...   podman with this script's storage and settings, e.g.
 #                                 ci/build-image.sh podman run --rm --network none localhost/hpcring:cpu hpcring doctor
 #   ci/build-image.sh reset       delete the podman storage this script uses
@@ -21,6 +23,8 @@
 #   HPCRING_PODMAN_DIR   podman storage + config (default /var/tmp/hpcring-podman; `reset` deletes it)
 #   HPCRING_IMAGE        image tag (default localhost/hpcring:cpu)
 #   HPCRING_DEF_IMAGE    tag of the image built from the .def (default localhost/hpcring:sif)
+#   HPCRING_MPIJOB_MPI   build-mpijob: MPI wheel of the MPIJob image (default: the CPU image's Open MPI; mpich)
+#   HPCRING_MPIJOB_IMAGE tag of the MPIJob image (default localhost/hpcring:mpijob, or ...:mpijob-mpich)
 #   HPCRING_DEBIAN_MIRROR  Debian mirror for the base (default: the first URI in /etc/apt/sources.list.d/debian.sources)
 #   HPCRING_IMAGE_TORCH_INDEX  extra index for torch (default: the Dockerfile's, or the host's first local index)
 #   HPCRING_BUILD_OPTS   extra `podman build` options for the image, e.g. --no-cache (split on spaces)
@@ -48,12 +52,14 @@ setup() {
   fi
   local missing=()
   for tool in podman runc mmdebstrap; do command -v "$tool" >/dev/null || missing+=("$tool"); done
+  # netavark + aardvark-dns: podman networks with DNS for container names and aliases (the MPIJob pod test).
+  [ -x /usr/lib/podman/netavark ] || missing+=(netavark aardvark-dns)
   if [ ${#missing[@]} -gt 0 ]; then
     log "apt-get install ${missing[*]}"
     local t0=$SECONDS
     DEBIAN_FRONTEND=noninteractive apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends podman runc mmdebstrap \
-      uidmap fuse-overlayfs >/dev/null
+      uidmap fuse-overlayfs netavark aardvark-dns >/dev/null
     log "installed podman $(podman --version | awk '{print $3}') in $((SECONDS - t0)) s"
   fi
   mkdir -p "$DIR"
@@ -68,6 +74,8 @@ default_ulimits = ["nofile=${nofile}:${nofile}", "nproc=32768:32768"]
 [engine]
 runtime = "runc"
 cgroup_manager = "cgroupfs"
+[network]
+network_backend = "netavark"
 EOF
 }
 
@@ -159,6 +167,22 @@ build_def() {
   log "built $DEF_IMAGE from singularity/hpcring.def in $((SECONDS - t0)) s"
 }
 
+# The MPIJob pods' image: the CPU image plus sshd (apt from the base's Debian mirror, hence the host network);
+# HPCRING_MPIJOB_MPI=mpich swaps its MPI wheel (pip with the host's sources, as in build). Its context is
+# containers/ alone: the Dockerfile copies nothing.
+build_mpijob() {
+  setup
+  local t0=$SECONDS mpi=${HPCRING_MPIJOB_MPI:-}
+  local tag=${HPCRING_MPIJOB_IMAGE:-localhost/hpcring:mpijob${mpi:+-$mpi}}
+  pm image exists "$IMAGE" || { echo "$0: $IMAGE not built yet: run '$0 build' first" >&2; exit 1; }
+  local sources vols=()
+  sources=$(pip_sources)
+  while read -r m; do [ -n "$m" ] && vols+=(-v "$m:ro"); done < <(tail -n +2 <<<"$sources")
+  pm build --format docker --network host "${vols[@]}" --build-arg "BASE_IMAGE=$IMAGE" --build-arg "MPI=$mpi" \
+    --build-arg "HPCRING_PIP_ARGS=$(head -1 <<<"$sources")" -f containers/Dockerfile.mpijob -t "$tag" containers
+  log "built $tag from containers/Dockerfile.mpijob in $((SECONDS - t0)) s"
+}
+
 smoke() {
   setup
   local t0=$SECONDS
@@ -179,10 +203,11 @@ print(f"rank {hpcring.rank()}/{hpcring.size()} allreduce ok in the image", flush
 case "${1:-all}" in
   build) build ;;
   build-def) build_def ;;
+  build-mpijob) build_mpijob ;;
   smoke) smoke ;;
-  all) build; build_def; smoke ;;
+  all) build; build_def; build_mpijob; smoke ;;
   podman) shift; setup; pm "$@" ;;
   reset)
     if [ -d "$DIR" ]; then pm system reset -f >/dev/null 2>&1 || true; rm -rf "$DIR"; fi ;;
-  *) echo "usage: $0 [build|build-def|smoke|all|reset|podman ARGS...]" >&2; exit 2 ;;
+  *) echo "usage: $0 [build|build-def|build-mpijob|smoke|all|reset|podman ARGS...]" >&2; exit 2 ;;
 esac

@@ -131,19 +131,30 @@ def main(argv: list[str] | None = None) -> int:
 
     start = time.perf_counter()
     train_loss = accuracy = test_loss = float("nan")
+    samples = len(train_set)  # every epoch trains on the whole set, split over the ranks
     for epoch in range(args.epochs):
+        began = time.perf_counter()
         train_loss = train_epoch(model, train_loader, train_sampler, opt, epoch)
         scheduler.step()
+        took = time.perf_counter() - began
         accuracy, test_loss = evaluate(model, test_loader)
         if hvd.rank() == 0:
             print(
-                f"epoch {epoch + 1:3d}  train loss {train_loss:.4f}  test loss {test_loss:.4f}  "
-                f"test accuracy {accuracy:.4f}",
+                f"epoch {epoch + 1:3d}/{args.epochs}  train loss {train_loss:.4f}  "
+                f"test loss {test_loss:.4f}  test accuracy {accuracy:.4f}  {took:.2f} s  "
+                f"{samples / took:,.0f} samples/s",
                 flush=True,
             )
             if args.checkpoint:
                 save_checkpoint(args.checkpoint, epoch + 1, model, opt)
     seconds = time.perf_counter() - start
+    if hvd.rank() == 0:
+        rate = samples * args.epochs / seconds if seconds > 0 else float("nan")
+        print(
+            f"done: {args.epochs} epochs on {hvd.size()} ranks in {seconds:.1f} s, {rate:,.0f} samples/s, "
+            f"final accuracy {accuracy:.4f} on the test set",
+            flush=True,
+        )
     if hvd.rank() == 0 and args.json_metrics:
         metrics = {
             "test_accuracy": accuracy,

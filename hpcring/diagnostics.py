@@ -41,6 +41,7 @@ class Report:
     gpus: dict[str, Any] = field(default_factory=dict)
     host: dict[str, Any] = field(default_factory=dict)
     shared_memory: dict[str, Any] = field(default_factory=dict)
+    cray_gpu_mpi: dict[str, Any] = field(default_factory=dict)
     missing: list[Missing] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -184,6 +185,26 @@ def probe_shared_memory(report: Report) -> None:
     report.shared_memory = info
 
 
+def probe_cray_gpu_mpi(report: Report) -> None:
+    """On a Cray node: whether the loaded mpi4py's MPI links Cray MPICH's GPU transfer library (cray_gtl.py),
+    which MPICH_GPU_SUPPORT_ENABLED=1 needs. Runs after probe_mpi4py, which loaded it."""
+    from hpcring import cray_gtl
+
+    r = cray_gtl.probe()
+    report.cray_gpu_mpi = {
+        "cray": r.cray,
+        "linked": r.linked,
+        "gtl": r.gtl,
+        "objects": {k: list(v) for k, v in r.objects.items()},
+        "errors": r.errors,
+        "MPICH_GPU_SUPPORT_ENABLED": r.gpu_support_env,
+        "summary": cray_gtl.summary(r),
+    }
+    fix = cray_gtl.advice(r)
+    if fix is not None:
+        report.missing.append(Missing("a program Cray MPICH can start with GPU support", fix))
+
+
 def _read(path: Path) -> str | None:
     try:
         return path.read_text().strip()
@@ -235,6 +256,7 @@ def diagnose() -> Report:
     report = Report(python=f"{platform.python_version()} ({sys.executable})")
     probe_mpi(report)
     probe_mpi4py(report)
+    probe_cray_gpu_mpi(report)
     probe_torch(report)
     probe_nvidia_smi(report)
     probe_shared_memory(report)
@@ -257,6 +279,8 @@ def format_text(report: Report) -> str:
         )
     else:
         lines.append("mpi4py:   missing")
+    if report.cray_gpu_mpi:
+        lines.append(f"GPU MPI:  {report.cray_gpu_mpi['summary']}")
     t = report.torch
     if t.get("available"):
         backends = ", ".join(f"{k}={'yes' if v else 'no'}" for k, v in t.get("backends", {}).items())

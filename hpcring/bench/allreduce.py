@@ -4,8 +4,9 @@ Runs as a rank program (every rank executes it; rank 0 prints). For each size, d
 `hpcring.allreduce` on preallocated buffers, and raw mpi4py `Comm.Allreduce` on the very same buffers in the
 same run (row `mpi4py-raw`), so the ratio between them is not blurred by load that changes between runs.
 Time is the median iteration on each rank, then the maximum over ranks; algbw = bytes / time and busbw =
-algbw * 2(n-1)/n (the nccl-tests convention: the bandwidth each link must sustain). Every result is checked
-against the exact expected sum (#wrong counts wrong elements over all ranks).
+algbw * 2(n-1)/n (the nccl-tests convention: the bandwidth each link must sustain); vs-raw = raw MPI's time /
+this row's time at the same size and dtype (above 1: faster than raw MPI). Every result is checked against the
+exact expected sum (#wrong counts wrong elements over all ranks).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,7 @@ class Row:
     algbw: float  # GB/s (1e9 bytes/s)
     busbw: float
     wrong: int
+    vs_raw: float | None = None  # mpi4py-raw's time / this row's time at the same size and dtype (>1: faster)
 
 
 def parse_size(text: str) -> int:
@@ -122,6 +124,24 @@ def _operation(label: str, comm: Any, x: NDArray, out: NDArray, validate: bool) 
     return lambda: hc.allreduce(x, out=out, algorithm=label, validate=validate)
 
 
+def cells(
+    sizes: Sequence[int], dtype_names: Sequence[str], algorithms: Sequence[str], *, raw: bool, one_node: bool
+) -> list[tuple[str, int, str]]:
+    """The sweep's cells in order: (dtype, element count, algorithm or RAW). Raw MPI has no half types and
+    `shm` needs every rank on one node."""
+    out = []
+    for name in dtype_names:
+        itemsize = numpy_dtype(name).itemsize
+        for size in sizes:
+            count = size // itemsize
+            if count == 0:
+                continue
+            labels = [RAW] if raw and name not in dtypes.HALF else []
+            labels += [a for a in algorithms if a != "shm" or one_node]
+            out += [(name, count, label) for label in labels]
+    return out
+
+
 def measure(
     sizes: Sequence[int],
     dtype_names: Sequence[str],
@@ -131,51 +151,62 @@ def measure(
     warmup: int,
     raw: bool = True,
     validate: bool = True,
-    progress: Callable[[str], None] | None = None,
+    progress: Callable[[int], Any] | None = None,
 ) -> list[Row]:
-    """Run the sweep on the initialised hpcring world; every rank returns the same rows."""
+    """Run the sweep on the initialised hpcring world; every rank returns the same rows. `progress(total)`
+    gives a tqdm-like bar that is advanced once per cell and closed at the end."""
     import hpcring.collective as hc
 
     topo = hc.topology()
     comm, n = topo.comm, topo.size
     MPI = mpi()
+    plan = cells(sizes, dtype_names, algorithms, raw=raw, one_node=len(topo.node_sizes) == 1)
+    bar = progress(len(plan)) if progress else None
     rows: list[Row] = []
-    for name in dtype_names:
+    buffers: tuple[str, int, NDArray, NDArray, NDArray] | None = None
+    for name, count, label in plan:
         dt = numpy_dtype(name)
-        for size in sizes:
-            count = size // dt.itemsize
-            if count == 0:
-                continue
+        if buffers is None or buffers[:2] != (name, count):
             x = pattern(count, topo.rank, dt)
-            want = expected(count, n, dt)
-            out = np.empty_like(x)
-            labels = [RAW] if raw and name not in dtypes.HALF else []
-            labels += [a for a in algorithms if a != "shm" or len(topo.node_sizes) == 1]
-            for label in labels:
-                if progress:
-                    progress(f"{name} {count * dt.itemsize} B {label}")
-                out.fill(0)
-                t = _time_loop(comm, _operation(label, comm, x, out, validate), iters, warmup)
-                wrong = int(np.count_nonzero(out != want))
-                t_max = comm.allreduce(t, op=MPI.MAX)
-                wrong_all = comm.allreduce(wrong, op=MPI.SUM)
-                nbytes = count * dt.itemsize
-                algbw = nbytes / t_max / 1e9 if t_max > 0 else 0.0
-                rows.append(
-                    Row(nbytes, count, name, label, t_max * 1e6, algbw, algbw * bus_factor(n), wrong_all)
-                )
-    return rows
+            buffers = (name, count, x, expected(count, n, dt), np.empty_like(x))
+        _, _, x, want, out = buffers
+        nbytes = count * dt.itemsize
+        if bar is not None:
+            bar.set_description_str(f"{name} {nbytes} B {label}")
+        out.fill(0)
+        t = _time_loop(comm, _operation(label, comm, x, out, validate), iters, warmup)
+        wrong = int(np.count_nonzero(out != want))
+        t_max = comm.allreduce(t, op=MPI.MAX)
+        wrong_all = comm.allreduce(wrong, op=MPI.SUM)
+        algbw = nbytes / t_max / 1e9 if t_max > 0 else 0.0
+        rows.append(Row(nbytes, count, name, label, t_max * 1e6, algbw, algbw * bus_factor(n), wrong_all))
+        if bar is not None:
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+    return with_ratios(rows)
+
+
+def with_ratios(rows: Sequence[Row]) -> list[Row]:
+    """Each row with `vs_raw` filled in where the same size and dtype has a raw MPI row (None elsewhere)."""
+    raw = {(r.size, r.dtype): r.time_us for r in rows if r.algorithm == RAW}
+    out = []
+    for r in rows:
+        base = raw.get((r.size, r.dtype))
+        out.append(replace(r, vs_raw=base / r.time_us if base is not None and r.time_us > 0 else None))
+    return out
 
 
 def format_table(rows: Sequence[Row]) -> str:
     """nccl-tests style fixed-width table."""
     head = f"{'size':>12} {'count':>12} {'type':>9} {'algorithm':>13} {'time(us)':>11} "
-    head += f"{'algbw(GB/s)':>11} {'busbw(GB/s)':>11} {'#wrong':>7}"
+    head += f"{'algbw(GB/s)':>11} {'busbw(GB/s)':>11} {'vs-raw':>7} {'#wrong':>7}"
     lines = ["#" + head[1:]]
     for r in rows:
+        ratio = "-" if r.vs_raw is None else f"{r.vs_raw:.2f}x"
         lines.append(
             f"{r.size:>12} {r.count:>12} {r.dtype:>9} {r.algorithm:>13} {r.time_us:>11.1f} "
-            f"{r.algbw:>11.3f} {r.busbw:>11.3f} {r.wrong:>7}"
+            f"{r.algbw:>11.3f} {r.busbw:>11.3f} {ratio:>7} {r.wrong:>7}"
         )
     return "\n".join(lines)
 
@@ -210,18 +241,17 @@ def plot(path: Path, rows: Sequence[Row], title: str) -> None:
     plt.close(fig)
 
 
-def progress_printer(enabled: bool) -> Callable[[str], None] | None:
-    """A one-line stderr progress display, only on a terminal."""
-    if not enabled or not sys.stderr.isatty():
+def progress_printer(enabled: bool) -> Callable[[int], Any] | None:
+    """A progress bar on stderr for a sweep of `total` cells (tqdm), shown only on a terminal and cleared at
+    the end; None when not `enabled` (every rank but the lead)."""
+    if not enabled:
         return None
-    step = [0]
+    from tqdm import tqdm
 
-    def show(text: str) -> None:
-        step[0] += 1
-        sys.stderr.write(f"\r\x1b[K[{step[0]}] {text}")
-        sys.stderr.flush()
+    def bar(total: int) -> Any:
+        return tqdm(total=total, file=sys.stderr, leave=False, disable=None, unit="cell", dynamic_ncols=True)
 
-    return show
+    return bar
 
 
 def algorithm_choices() -> list[str]:

@@ -70,11 +70,15 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     "map": Subcommand(
         "hpcring.cli.map",
         "show which node, CPUs, GPUs and NIC each rank of a job gets",
-        ("hpcring map --profile frontier --nodes 2", "hpcring map --profile summit --nodes 1 --format erf"),
+        (
+            "hpcring map --profile frontier --nodes 2",
+            "hpcring map --profile summit --nodes 1 --format erf",
+            "hpcring map --profile frontier --nodes 2 --plot frontier.svg",
+        ),
     ),
     "render": Subcommand(
         "hpcring.cli.render",
-        "write a batch job script for a cluster profile",
+        "write a batch job script (Slurm, LSF, PBS Pro, Flux) or a Kubernetes MPIJob for a cluster profile",
         (
             "hpcring render --profile frontier --nodes 2 --account abc123 -- python train.py",
             "hpcring render --profile generic-pbs --nodes 4 --time 02:00:00 -o job.sh -- python train.py",
@@ -82,7 +86,7 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     ),
     "submit": Subcommand(
         "hpcring.cli.submit",
-        "write a batch job script and submit it (sbatch, bsub, ...)",
+        "write a job script and submit it (sbatch, bsub, qsub, flux batch, or kubectl apply for an MPIJob)",
         (
             "hpcring submit --profile frontier --nodes 2 --account abc123 --dry-run -- python train.py",
             "hpcring submit --profile frontier --nodes 2 --wait -- python train.py",

@@ -28,7 +28,7 @@ def register(parser: argparse.ArgumentParser) -> None:
         help="allreduce sweep: hpcring algorithms vs raw mpi4py Allreduce",
         description="Time allreduce from --minbytes to --maxbytes on every rank of the job, with each "
         "hpcring algorithm and with raw mpi4py Allreduce, and print an nccl-tests style table (algbw, "
-        "busbw, ratio to raw MPI). Every flag also reads HPCRING_BENCH_<FLAG>.",
+        "busbw, and vs-raw: raw MPI's time over the row's). Every flag also reads HPCRING_BENCH_<FLAG>.",
         epilog=epilog(
             (
                 "hpcring run -np 4 -- python -m hpcring bench allreduce -b 8 -e 64M -f 4",
@@ -37,34 +37,74 @@ def register(parser: argparse.ArgumentParser) -> None:
         ),
         formatter_class=HelpFormatter,
     )
-    ar.add_argument("-b", "--minbytes", default=_env("MINBYTES", "8"), help="smallest size (K/M/G suffix)")
-    ar.add_argument("-e", "--maxbytes", default=_env("MAXBYTES", "64M"), help="largest size (K/M/G suffix)")
     ar.add_argument(
-        "-f", "--stepfactor", type=int, default=int(_env("STEPFACTOR", "2")), help="size multiplier"
+        "-b",
+        "--minbytes",
+        default=_env("MINBYTES", "8"),
+        help="smallest size in bytes per rank, K/M/G suffixes; default 8 [HPCRING_BENCH_MINBYTES]",
     )
-    ar.add_argument("-d", "--dtype", default=_env("DTYPE", "float32"), help="dtype(s), comma-separated")
+    ar.add_argument(
+        "-e",
+        "--maxbytes",
+        default=_env("MAXBYTES", "64M"),
+        help="largest size in bytes per rank, K/M/G suffixes; default 64M [HPCRING_BENCH_MAXBYTES]",
+    )
+    ar.add_argument(
+        "-f",
+        "--stepfactor",
+        type=int,
+        default=int(_env("STEPFACTOR", "2")),
+        help="factor from one size to the next; default 2 [HPCRING_BENCH_STEPFACTOR]",
+    )
+    ar.add_argument(
+        "-d",
+        "--dtype",
+        default=_env("DTYPE", "float32"),
+        help="element types, comma-separated; default float32 [HPCRING_BENCH_DTYPE]",
+    )
     ar.add_argument(
         "-a",
         "--algorithms",
         default=_env("ALGORITHMS", "native,ring,hierarchical,shm"),
-        help="hpcring algorithms, comma-separated (auto, native, ring, hierarchical, shm; shm runs only "
-        "where every rank is on one node)",
-    )
-    ar.add_argument("-n", "--iters", type=int, default=int(_env("ITERS", "20")), help="timed iterations")
-    ar.add_argument(
-        "-w", "--warmup", type=int, default=int(_env("WARMUP", "5")), help="untimed warm-up iterations"
+        help="hpcring algorithms, comma-separated, of auto, native, ring, hierarchical, shm (shm runs only "
+        "where every rank is on one node); default native,ring,hierarchical,shm [HPCRING_BENCH_ALGORITHMS]",
     )
     ar.add_argument(
-        "--no-raw", action="store_true", default=_env("NO_RAW", "") == "1", help="skip mpi4py-raw"
+        "-n",
+        "--iters",
+        type=int,
+        default=int(_env("ITERS", "20")),
+        help="timed iterations per size; default 20 [HPCRING_BENCH_ITERS]",
+    )
+    ar.add_argument(
+        "-w",
+        "--warmup",
+        type=int,
+        default=int(_env("WARMUP", "5")),
+        help="untimed warm-up iterations per size; default 5 [HPCRING_BENCH_WARMUP]",
+    )
+    ar.add_argument(
+        "--no-raw",
+        action="store_true",
+        default=_env("NO_RAW", "") == "1",
+        help="leave out the raw MPI rows (and so vs-raw) [HPCRING_BENCH_NO_RAW]",
     )
     ar.add_argument(
         "--no-validate",
         action="store_true",
         default=_env("NO_VALIDATE", "") == "1",
-        help="call allreduce with validate=False (as the engine does)",
+        help="call allreduce with validate=False, as the engine does [HPCRING_BENCH_NO_VALIDATE]",
     )
-    ar.add_argument("--json", default=_env("JSON", "") or None, help="write results as JSON to this file")
-    ar.add_argument("--plot", default=_env("PLOT", "") or None, help="draw busbw vs size into this PNG")
+    ar.add_argument(
+        "--json",
+        default=_env("JSON", "") or None,
+        help="also write the results as JSON to this file (keys: docs/guide/cli.md) [HPCRING_BENCH_JSON]",
+    )
+    ar.add_argument(
+        "--plot",
+        default=_env("PLOT", "") or None,
+        help="also draw busbw against size into this PNG [HPCRING_BENCH_PLOT]",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -97,8 +137,6 @@ def main(args: argparse.Namespace) -> int:
     )
     if not lead:
         return 1 if any(r.wrong for r in rows) else 0
-    if sys.stderr.isatty():
-        sys.stderr.write("\r\x1b[K")
     desc = topo.describe()
     library = mpi().Get_library_version().splitlines()[0].strip()
     header = {

@@ -17,13 +17,13 @@ def register(parser: argparse.ArgumentParser) -> None:
         "--json",
         action="store_true",
         default=os.environ.get("HPCRING_DOCTOR_JSON", "") in ("1", "true", "yes"),
-        help="print the report as JSON (HPCRING_DOCTOR_JSON)",
+        help="print the report as JSON (keys: docs/guide/cli.md) [HPCRING_DOCTOR_JSON]",
     )
     parser.add_argument(
         "--strict",
         action="store_true",
         default=os.environ.get("HPCRING_DOCTOR_STRICT", "") in ("1", "true", "yes"),
-        help="exit 1 when something is missing (HPCRING_DOCTOR_STRICT)",
+        help="exit 1 when something is missing [HPCRING_DOCTOR_STRICT]",
     )
 
 

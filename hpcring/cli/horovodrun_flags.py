@@ -64,84 +64,165 @@ def _one_line_error(prog: str) -> Callable[[str], NoReturn]:
     return error
 
 
+# The autotuner's horovodrun flags: what each sets (docs/guide/torch.md, "Autotuning").
+AUTOTUNE_FLAGS = {
+    "warmup-samples": "autotune samples discarded at the start; default 3",
+    "steps-per-sample": "optimizer steps timed per autotune sample; default 10",
+    "bayes-opt-max-samples": "most scored autotune samples; default 20",
+    "gaussian-process-noise": "Horovod's Bayesian-search noise; accepted, unused by the coordinate search",
+}
+
+
 def register(parser: argparse.ArgumentParser) -> None:
     """horovodrun's flags that hpcring's own set lacks."""
     parser.error = _one_line_error(parser.prog)  # type: ignore[method-assign,assignment]
     el = parser.add_argument_group("elastic training (horovodrun's flags; docs/guide/elastic.md)")
     add = el.add_argument
-    add("--min-np", "--min-num-proc", default=env("HPCRING_MIN_NP"), metavar="N", help="HPCRING_MIN_NP")
-    add("--max-np", "--max-num-proc", default=env("HPCRING_MAX_NP"), metavar="N", help="HPCRING_MAX_NP")
+    add(
+        "--min-np",
+        "--min-num-proc",
+        default=env("HPCRING_MIN_NP"),
+        metavar="N",
+        help="elastic: the smallest world that may train; default -np [HPCRING_MIN_NP]",
+    )
+    add(
+        "--max-np",
+        "--max-num-proc",
+        default=env("HPCRING_MAX_NP"),
+        metavar="N",
+        help="elastic: the largest world; default every slot discovered [HPCRING_MAX_NP]",
+    )
     add(
         "--slots-per-host",
         "--slots",
         default=env("HPCRING_SLOTS_PER_HOST"),
         metavar="N",
-        help="slots of a discovered host that gives none (HPCRING_SLOTS_PER_HOST; default 1)",
+        help="slots of a discovered host whose line gives none; default 1 [HPCRING_SLOTS_PER_HOST]",
     )
     add(
         "--host-discovery-script",
         default=env("HPCRING_HOST_DISCOVERY_SCRIPT"),
         metavar="PATH",
-        help="prints 'host:slots' lines (HPCRING_HOST_DISCOVERY_SCRIPT)",
+        help="elastic: a program that prints the usable 'host:slots' lines, polled every second "
+        "[HPCRING_HOST_DISCOVERY_SCRIPT]",
     )
     add(
         "--elastic-timeout",
         default=env("HPCRING_ELASTIC_TIMEOUT", "HOROVOD_ELASTIC_TIMEOUT"),
         metavar="S",
-        help="seconds to wait for --min-np slots (HPCRING_ELASTIC_TIMEOUT, HOROVOD_ELASTIC_TIMEOUT; 600)",
+        help="seconds to wait for --min-np slots before the job ends; default 600 "
+        "[HOROVOD_ELASTIC_TIMEOUT, HPCRING_ELASTIC_TIMEOUT]",
     )
-    add("--reset-limit", default=env("HPCRING_RESET_LIMIT"), metavar="N", help="HPCRING_RESET_LIMIT")
+    add(
+        "--reset-limit",
+        default=env("HPCRING_RESET_LIMIT"),
+        metavar="N",
+        help="elastic: relaunches allowed, one more failure ends the job; default unlimited "
+        "[HPCRING_RESET_LIMIT]",
+    )
     add(
         "--blacklist-cooldown-range",
         nargs=2,
         default=(env("HPCRING_BLACKLIST_COOLDOWN_RANGE") or "").split() or None,
         metavar=("MIN", "MAX"),
-        help="seconds a failed host stays out, backing off (HPCRING_BLACKLIST_COOLDOWN_RANGE='MIN MAX')",
+        help="seconds a failed host stays out, from MIN doubling up to MAX; default: out for good; the "
+        "variable holds 'MIN MAX' [HPCRING_BLACKLIST_COOLDOWN_RANGE]",
     )
     hv = parser.add_argument_group("other horovodrun flags")
     a = hv.add_argument
-    a("-p", "--ssh-port", default=env("HPCRING_SSH_PORT"), metavar="PORT", help="HPCRING_SSH_PORT")
-    a("-i", "--ssh-identity-file", default=env("HPCRING_SSH_IDENTITY_FILE"), metavar="FILE")
+    a(
+        "-p",
+        "--ssh-port",
+        default=env("HPCRING_SSH_PORT"),
+        metavar="PORT",
+        help="the port ssh connects to on other hosts (Open MPI); default ssh's own [HPCRING_SSH_PORT]",
+    )
+    a(
+        "-i",
+        "--ssh-identity-file",
+        default=env("HPCRING_SSH_IDENTITY_FILE"),
+        metavar="FILE",
+        help="the private key ssh uses for other hosts (Open MPI); default ssh's own "
+        "[HPCRING_SSH_IDENTITY_FILE]",
+    )
     a(
         "--network-interface",
         "--network-interfaces",
         default=env("HPCRING_NETWORK_INTERFACE"),
         metavar="IFACE",
-        help="the TCP interface(s) MPI uses, comma-separated (HPCRING_NETWORK_INTERFACE)",
+        help="the TCP interface(s) MPI uses, comma-separated; default: MPI's choice "
+        "[HPCRING_NETWORK_INTERFACE]",
     )
     a(
         "--output-filename",
         default=env("HPCRING_OUTPUT_FILENAME"),
         metavar="DIR",
-        help="also write each rank's output to DIR/rank.N/stdout|stderr (HPCRING_OUTPUT_FILENAME)",
+        help="also write each rank's output to DIR/rank.N/stdout|stderr [HPCRING_OUTPUT_FILENAME]",
     )
     a(
         "--prefix-output-with-timestamp",
         action="store_true",
         default=env_flag("HPCRING_PREFIX_OUTPUT_WITH_TIMESTAMP"),
+        help="start each output line with the time it was printed [HPCRING_PREFIX_OUTPUT_WITH_TIMESTAMP]",
     )
     hier = hv.add_mutually_exclusive_group()
     hier.add_argument(
-        "--hierarchical-allreduce", dest="hierarchical_allreduce", action="store_const", const=True
+        "--hierarchical-allreduce",
+        dest="hierarchical_allreduce",
+        action="store_const",
+        const=True,
+        help="horovodrun's: the node-aware allreduce (--allreduce-algorithm hierarchical)",
     )
     hier.add_argument(
-        "--no-hierarchical-allreduce", dest="hierarchical_allreduce", action="store_const", const=False
+        "--no-hierarchical-allreduce",
+        dest="hierarchical_allreduce",
+        action="store_const",
+        const=False,
+        help="horovodrun's: the flat allreduce (--allreduce-algorithm native)",
     )
     a(
         "--disable-cache",
         action="store_true",
         default=env_flag("HPCRING_DISABLE_CACHE"),
-        help="cache capacity 0",
+        help="turn the response cache off (--cache-capacity 0) [HPCRING_DISABLE_CACHE]",
     )
-    a("--mpi-args", default=env("HPCRING_MPI_ARGS"), metavar="ARGS", help="extra mpiexec arguments")
-    a("--tcp", action="store_true", default=env_flag("HPCRING_TCP"), help="MPI over TCP only (HPCRING_TCP)")
-    a("--config-file", default=env("HPCRING_CONFIG_FILE"), metavar="YAML", help="Horovod's config file")
+    a(
+        "--mpi-args",
+        default=env("HPCRING_MPI_ARGS"),
+        metavar="ARGS",
+        help="extra arguments for mpiexec, as one shell-quoted string [HPCRING_MPI_ARGS]",
+    )
+    a(
+        "--tcp",
+        action="store_true",
+        default=env_flag("HPCRING_TCP"),
+        help="make MPI use TCP only, no shared memory or fabric [HPCRING_TCP]",
+    )
+    a(
+        "--config-file",
+        default=env("HPCRING_CONFIG_FILE"),
+        metavar="YAML",
+        help="Horovod's YAML config file of these settings; flags win over it [HPCRING_CONFIG_FILE]",
+    )
     a("-cb", "--check-build", action="store_true", help="show what this installation provides")
-    a("--version", action="store_true", help="show hpcring's version")
-    a("--autotune", action="store_true", default=None, help="HOROVOD_AUTOTUNE=1")
-    a("--autotune-log-file", metavar="PATH", help="HOROVOD_AUTOTUNE_LOG")
-    for name in ("warmup-samples", "steps-per-sample", "bayes-opt-max-samples", "gaussian-process-noise"):
-        a(f"--autotune-{name}", metavar="N", help=f"HOROVOD_AUTOTUNE_{name.upper().replace('-', '_')}")
+    a("--version", action="store_true", help="print hpcring's version and exit")
+    a(
+        "--autotune",
+        action="store_true",
+        default=None,
+        help="pick the fusion threshold and cycle time from the first steps' speed [HOROVOD_AUTOTUNE]",
+    )
+    a(
+        "--autotune-log-file",
+        metavar="PATH",
+        help="CSV of every setting the autotuner scored and its choice [HOROVOD_AUTOTUNE_LOG]",
+    )
+    for name, text in AUTOTUNE_FLAGS.items():
+        a(
+            f"--autotune-{name}",
+            metavar="N",
+            help=f"{text} [HOROVOD_AUTOTUNE_{name.upper().replace('-', '_')}]",
+        )
     a("-hostfile", dest="hostfile", help=argparse.SUPPRESS)
     for flag in (*REFUSED, *HONOURED_NOOPS):
         if flag in _REFUSED_WITH_VALUE:

@@ -7,6 +7,8 @@ variable stands in for it when it is not given, so a site can set e.g. HPCRING_A
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
@@ -74,9 +76,13 @@ def add_shape_args(p: argparse.ArgumentParser) -> None:
     """Flags that shape the mapping (used by map, render and submit)."""
     add_profile_args(p)
     g = p.add_argument_group("job shape")
-    g.add_argument("--job", default=env("HPCRING_JOB"), help="YAML job file [HPCRING_JOB]")
+    g.add_argument(
+        "--job",
+        default=env("HPCRING_JOB"),
+        help="YAML job file with any of these settings; flags win over it [HPCRING_JOB]",
+    )
     for flag, var, text in (
-        ("--nodes", "HPCRING_NODES", "number of nodes"),
+        ("--nodes", "HPCRING_NODES", "number of nodes the job asks for; default 1"),
         ("--ranks-per-node", "HPCRING_RANKS_PER_NODE", "ranks per node (default: one per GPU)"),
         ("--ranks", "HPCRING_RANKS", "total ranks (alternative to --ranks-per-node)"),
         ("--gpus-per-rank", "HPCRING_GPUS_PER_RANK", "GPUs per rank (default 1 on GPU nodes)"),
@@ -92,9 +98,16 @@ def add_shape_args(p: argparse.ArgumentParser) -> None:
         ),
     ):
         g.add_argument(flag, type=_count, default=env(var), help=f"{text} [{var}]")
-    g.add_argument("--time", default=env("HPCRING_TIME"), help="walltime, e.g. 30 or 02:00:00 [HPCRING_TIME]")
     g.add_argument(
-        "--partition", default=env("HPCRING_PARTITION"), help="partition/QOS/queue [HPCRING_PARTITION]"
+        "--time",
+        default=env("HPCRING_TIME"),
+        help="walltime as minutes or [D-]HH:MM:SS, e.g. 30 or 02:00:00; default the partition's "
+        "[HPCRING_TIME]",
+    )
+    g.add_argument(
+        "--partition",
+        default=env("HPCRING_PARTITION"),
+        help="partition, QOS or queue (as the profile calls it); default the profile's [HPCRING_PARTITION]",
     )
 
 
@@ -102,23 +115,42 @@ def add_script_args(p: argparse.ArgumentParser) -> None:
     """Flags that only matter for a job script (render, submit)."""
     g = p.add_argument_group("job script")
     for flag, var, text in (
-        ("--job-name", "HPCRING_JOB_NAME", "job name"),
-        ("--account", "HPCRING_ACCOUNT", "account/project"),
-        ("--job-output", "HPCRING_JOB_OUTPUT", "job stdout path"),
-        ("--job-error", "HPCRING_JOB_ERROR", "job stderr path"),
-        ("--workdir", "HPCRING_WORKDIR", "directory to run in"),
-        ("--image", "HPCRING_IMAGE", "container image (.sif)"),
+        ("--job-name", "HPCRING_JOB_NAME", "the name the scheduler shows for the job; default hpcring"),
+        ("--account", "HPCRING_ACCOUNT", "the account or project the job is charged to"),
+        ("--job-output", "HPCRING_JOB_OUTPUT", "file for the job's stdout; default the scheduler's"),
+        ("--job-error", "HPCRING_JOB_ERROR", "file for the job's stderr; default with its stdout"),
+        ("--workdir", "HPCRING_WORKDIR", "directory the job runs in; default where it was submitted"),
+        (
+            "--image",
+            "HPCRING_IMAGE",
+            "container image the ranks run in: a .sif for Apptainer/Singularity, a registry reference for "
+            "Kubernetes",
+        ),
     ):
         g.add_argument(flag, default=env(var), help=f"{text} [{var}]")
     for flag, var, sep, metavar, text in (
-        ("--bind", "HPCRING_BINDS", ",", None, "container bind, repeatable [HPCRING_BINDS]"),
-        ("--module", "HPCRING_MODULES", ",", None, "module to load [HPCRING_MODULES]"),
+        (
+            "--bind",
+            "HPCRING_BINDS",
+            ",",
+            None,
+            "a path bound into the container, SRC[:DST]; repeatable; the variable is comma-separated "
+            "[HPCRING_BINDS]",
+        ),
+        (
+            "--module",
+            "HPCRING_MODULES",
+            ",",
+            None,
+            "an environment module the script loads; repeatable; the variable is comma-separated "
+            "[HPCRING_MODULES]",
+        ),
         (
             "--env",
             "HPCRING_ENV",
             "\n",
             "KEY=VALUE",
-            "variable for the ranks, repeatable [HPCRING_ENV, one per line]",
+            "a variable set for the ranks; repeatable; the variable holds one per line [HPCRING_ENV]",
         ),
         (
             "--step",
@@ -126,7 +158,7 @@ def add_script_args(p: argparse.ArgumentParser) -> None:
             "\n",
             "COMMAND",
             "a shell command run by every rank; repeat for steps with a barrier between them "
-            "[HPCRING_STEPS, one per line]",
+            "(the variable holds one per line) [HPCRING_STEPS]",
         ),
     ):
         g.add_argument(flag, action="append", default=env_list(var, sep), metavar=metavar, help=text)
@@ -137,6 +169,14 @@ def add_script_args(p: argparse.ArgumentParser) -> None:
         help="override the profile's launcher [HPCRING_LAUNCHER]",
     )
     g.add_argument(
+        "--gpu-aware-mpi",
+        action=argparse.BooleanOptionalAction,
+        default=_tristate("HPCRING_GPU_AWARE_MPI"),
+        help="the rank program links the MPI's GPU transfer library (see `hpcring doctor`): set the "
+        "profile's GPU-aware MPI variables (MPICH_GPU_SUPPORT_ENABLED=1); default: the profile's "
+        "[HPCRING_GPU_AWARE_MPI]",
+    )
+    g.add_argument(
         "--inline-files",
         action="store_true",
         default=env_flag("HPCRING_INLINE_FILES"),
@@ -145,13 +185,28 @@ def add_script_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command every rank runs")
 
 
+def _tristate(var: str) -> bool | None:
+    """A yes/no environment default; None (the profile decides) when unset or empty."""
+    raw = os.environ.get(var, "").strip().lower()
+    if not raw:
+        return None
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    if raw in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"{var}={raw!r}: expected one of 1, true, yes, on, 0, false, no or off")
+
+
 def load_profile(args: argparse.Namespace) -> Profile:
     if not args.profile:
         raise ConfigError(
             "no profile given: pass --profile NAME or set HPCRING_PROFILE; built-in: "
             + ", ".join(profmod.builtin_names())
         )
-    return profmod.load(args.profile)
+    prof = profmod.load(args.profile)
+    if prof.retired_warning:
+        print(f"hpcring: warning: {prof.retired_warning}", file=sys.stderr)
+    return prof
 
 
 def _command(args: argparse.Namespace) -> list[str]:
@@ -220,6 +275,7 @@ def job_from_args(args: argparse.Namespace) -> JobSpec:
             binds=(*spec.binds, *args.bind) if args.bind else None,
             modules=(*spec.modules, *args.module) if args.module else None,
             env=jobmod.parse_env(args.env) if args.env else None,
+            gpu_aware_mpi=args.gpu_aware_mpi,
             steps=steps or None,
         )
     # A flag for one of ranks / ranks-per-node replaces the job file's value of the other.

@@ -32,7 +32,7 @@ def write(text: str, path: Path) -> None:
 
 def submit(args: argparse.Namespace, path: Path) -> int:
     """Render, check kubectl and its context, write the manifest, `kubectl apply -f` it, maybe wait."""
-    from hpcring.cli import job_flags
+    from hpcring.cli import job_flags, progress
     from hpcring.schedulers import kubernetes_jobs, mapping
 
     prof = job_flags.load_profile(args)
@@ -51,7 +51,10 @@ def submit(args: argparse.Namespace, path: Path) -> int:
     if not args.wait:
         return 0
     get = kubernetes_jobs.get_argv(kubectl, plan.name, plan.namespace)
-    result = kubernetes_jobs.wait(get, plan.name, poll=args.poll, timeout=args.wait_timeout)
+    on_change = progress.state_printer(sys.stderr, args.quiet)
+    result = kubernetes_jobs.wait(
+        get, plan.name, poll=args.poll, timeout=args.wait_timeout, on_change=on_change
+    )
     print(
         f"hpcring submit: MPIJob {plan.name} ended: {result.state}, exit code {result.exit_code}",
         file=sys.stderr,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 FORMATS = ("table", "json", "erf", "rankfile", "srun", "mpiexec", "flux")
 
@@ -18,7 +19,22 @@ def register(parser: argparse.ArgumentParser) -> None:
         "--format",
         choices=FORMATS,
         default=env("HPCRING_MAP_FORMAT") or "table",
-        help="output format [HPCRING_MAP_FORMAT]",
+        help="output format: a table, JSON records, or a launcher's own notation; default table "
+        "[HPCRING_MAP_FORMAT]",
+    )
+    parser.add_argument(
+        "--plot",
+        metavar="FILE",
+        default=env("HPCRING_MAP_PLOT"),
+        help="also draw one node of the mapping to FILE (.svg, .png or .pdf; the `plot` extra): "
+        "sockets, NUMA domains and cores coloured by rank, with each rank's GPUs and NICs [HPCRING_MAP_PLOT]",
+    )
+    parser.add_argument(
+        "--plot-node",
+        metavar="N",
+        type=int,
+        default=int(env("HPCRING_MAP_PLOT_NODE") or 0),
+        help="which node --plot draws, 0-based; default 0 [HPCRING_MAP_PLOT_NODE]",
     )
 
 
@@ -37,12 +53,29 @@ def table(rm: object) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _plot(rm: object, path: Path, node: int) -> None:
+    """Draw node `node` before printing anything, so that a bad --plot value fails before the table."""
+    from hpcring.errors import ConfigError
+    from hpcring.schedulers import node_diagram, node_plot
+    from hpcring.schedulers.mapping import RankMap
+
+    assert isinstance(rm, RankMap)
+    try:
+        diagram = node_diagram.build(rm, node)
+        node_plot.save(diagram, path)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+    print(f"# wrote {path}: node {node}, ranks {diagram.ranks[0]}-{diagram.ranks[-1]}", file=sys.stderr)
+
+
 def main(args: argparse.Namespace) -> int:
     from hpcring.cli import job_flags
     from hpcring.schedulers import mapping, registry
 
     prof = job_flags.load_profile(args)
     rm = mapping.build(prof, job_flags.job_from_args(args))
+    if args.plot:
+        _plot(rm, Path(args.plot), args.plot_node)
     out = sys.stdout
     if args.format == "table":
         out.write(table(rm))

@@ -16,15 +16,15 @@ def register(parser: argparse.ArgumentParser) -> None:
     val = sub.add_parser(
         "validate", help="check a profile file; exit 2 with the YAML path of the first error"
     )
-    val.add_argument("file", nargs="+")
+    val.add_argument("file", nargs="+", help="profile YAML file(s) to check, each on its own")
     schema = sub.add_parser("schema", help="print the JSON Schema of profiles (or of job files)")
-    schema.add_argument("--job", action="store_true", help="the job file schema instead")
+    schema.add_argument("--job", action="store_true", help="print the job file schema instead")
     schema.add_argument(
         "--schema-version",
         type=int,
         default=None,
         metavar="N",
-        help="schema version to print (profiles: 1 or 2); default: the newest [env HPCRING_SCHEMA_VERSION]",
+        help="schema version to print (profiles: 1 or 2); default: the newest [HPCRING_SCHEMA_VERSION]",
     )
     init = sub.add_parser(
         "init",
@@ -33,24 +33,24 @@ def register(parser: argparse.ArgumentParser) -> None:
         "(scontrol/sinfo, qstat, flux, bqueues); what it cannot find out is left as TODO comments.",
     )
     init.add_argument(
-        "-o", "--output", metavar="FILE", help="write here instead of stdout [env HPCRING_INIT_OUTPUT]"
+        "-o", "--output", metavar="FILE", help="write here instead of stdout [HPCRING_INIT_OUTPUT]"
     )
     init.add_argument(
-        "--name", help="profile name (default: Slurm's ClusterName or the host name) [env HPCRING_INIT_NAME]"
+        "--name", help="profile name (default: Slurm's ClusterName or the host name) [HPCRING_INIT_NAME]"
     )
     init.add_argument(
-        "--sysfs-root", metavar="DIR", help="read this /sys tree instead of /sys [env HPCRING_SYSFS_ROOT]"
+        "--sysfs-root", metavar="DIR", help="read this /sys tree instead of /sys [HPCRING_SYSFS_ROOT]"
     )
     init.add_argument(
         "--scheduler",
         help="the batch system: slurm, pbs, flux or lsf; needed where none of their commands answers "
-        "[env HPCRING_INIT_SCHEDULER]",
+        "[HPCRING_INIT_SCHEDULER]",
     )
     init.add_argument(
         "--from-dir",
         metavar="DIR",
         help="read recorded tool outputs (<source>.txt, e.g. scontrol-partition.txt) instead of running the "
-        "tools [env HPCRING_INIT_FROM_DIR]",
+        "tools [HPCRING_INIT_FROM_DIR]",
     )
 
 
@@ -119,7 +119,8 @@ def _list() -> int:
             print(f"{name:<20} this machine, detected (/sys, lscpu, nvidia-smi)")
             continue
         p = profile.load(name)
-        print(f"{name:<20} {p.site.scheduler:<10} {p.site.launcher:<7} {p.description}")
+        retired = f" [retired {p.retired.date}]" if p.retired else ""
+        print(f"{name:<20} {p.site.scheduler:<10} {p.site.launcher:<7} {p.description}{retired}")
     return 0
 
 

@@ -10,6 +10,7 @@ import argparse
 import os
 import shlex
 import sys
+import time
 from typing import TYPE_CHECKING
 
 from hpcring.cli import horovodrun_flags
@@ -25,6 +26,7 @@ from hpcring.config import (
 from hpcring.errors import ConfigError, choices
 from hpcring.launch.command import LaunchSpec, build, describe
 from hpcring.launch.hosts import parse_host_list, parse_hostfile
+from hpcring.launch.run_summary import summary
 from hpcring.launch.target import check_command
 
 if TYPE_CHECKING:
@@ -37,99 +39,162 @@ def register(parser: argparse.ArgumentParser) -> None:
     """Add the `hpcring run` flags; defaults come from the HPCRING_* variable named in each help text."""
     parser.usage = "hpcring run -np N [options] -- command [args...]"
     add = parser.add_argument
-    add("-np", "-n", dest="np", default=env("HPCRING_NP"), metavar="N", help="number of ranks (HPCRING_NP)")
+    add(
+        "-np",
+        "-n",
+        dest="np",
+        default=env("HPCRING_NP"),
+        metavar="N",
+        help="number of ranks to start [HPCRING_NP]",
+    )
     add(
         "-H",
         "--hosts",
         default=env("HPCRING_HOSTS"),
         metavar="H:N,...",
-        help="hosts and slots (HPCRING_HOSTS)",
+        help="hosts and their slots, e.g. node1:4,node2:4; default: this machine [HPCRING_HOSTS]",
     )
     add(
         "--hostfile",
         default=env("HPCRING_HOSTFILE"),
-        help="'host slots=N' or 'host:N' lines (HPCRING_HOSTFILE)",
+        help="file of hosts, one 'host slots=N' or 'host:N' line each (instead of -H) [HPCRING_HOSTFILE]",
     )
     add(
         "--mpi",
         nargs="?",
         const=None,
         default=env("HPCRING_MPI"),
-        help="expected MPI flavour: openmpi or mpich (HPCRING_MPI); a bare --mpi (horovodrun's) asserts none",
+        help="the MPI flavour this job must find, openmpi or mpich; a bare --mpi (horovodrun's) asserts "
+        "none; default: whichever is installed [HPCRING_MPI]",
     )
     add(
         "--emulate-nodes",
         default=env("HPCRING_EMULATE_NODES"),
         metavar="K",
-        help="testing aid: split the ranks into K contiguous pretend nodes (HPCRING_EMULATE_NODES)",
+        help="testing aid: split the ranks into K contiguous pretend nodes, so node-aware code runs on one "
+        "machine [HPCRING_EMULATE_NODES]",
     )
     add(
         "--no-prefix",
         action="store_true",
         default=env_flag("HPCRING_NO_PREFIX"),
-        help="no [rank]<stream>: tags (HPCRING_NO_PREFIX)",
+        help="print the ranks' output without the [rank]<stream>: tag on each line [HPCRING_NO_PREFIX]",
     )
     add(
         "--rsh-agent",
         default=env("HPCRING_RSH_AGENT"),
-        help="program used instead of ssh (HPCRING_RSH_AGENT)",
+        help="program that starts processes on other hosts instead of ssh [HPCRING_RSH_AGENT]",
     )
     add(
         "--start-timeout",
         default=env("HPCRING_START_TIMEOUT") or "120",
         metavar="S",
-        help="seconds for all ranks to start (HPCRING_START_TIMEOUT)",
+        help="seconds every rank has to start and check in before the job is ended; default 120 "
+        "[HPCRING_START_TIMEOUT]",
     )
     add(
         "--yield-when-idle",
         default=env("HPCRING_YIELD_WHEN_IDLE") or "auto",
-        help="Open MPI yield_when_idle: auto (when ranks outnumber cores), on, off (HPCRING_YIELD_WHEN_IDLE)",
+        help="Open MPI's yield_when_idle, so waiting ranks give up their core: auto (on when ranks "
+        "outnumber cores), on or off; default auto [HPCRING_YIELD_WHEN_IDLE]",
     )
     add(
         "--no-fail-fast",
         action="store_true",
         default=env_flag("HPCRING_NO_FAIL_FAST"),
         help="do not run Python commands under hpcring.launch.pyrun, which makes a rank that raises after "
-        "MPI_Init exit at once instead of hanging in MPI_Finalize (HPCRING_NO_FAIL_FAST)",
+        "MPI_Init exit at once instead of hanging in MPI_Finalize [HPCRING_NO_FAIL_FAST]",
     )
     add(
         "--horovod",
         action="store_true",
         default=env_flag("HPCRING_HOROVOD"),
         help="run Horovod scripts unchanged: `import horovod` resolves to hpcring in every rank; refused "
-        "when a real Horovod is installed (HPCRING_HOROVOD; docs/guide/torch.md)",
+        "when a real Horovod is installed (docs/guide/torch.md) [HPCRING_HOROVOD]",
     )
-    add("--dry-run", action="store_true", default=env_flag("HPCRING_DRY_RUN"), help="print the mpiexec line")
-    add("--verbose", action="store_true", default=env_flag("HPCRING_VERBOSE"), help="print what runs")
+    add(
+        "--dry-run",
+        action="store_true",
+        default=env_flag("HPCRING_DRY_RUN"),
+        help="print the mpiexec line and the ranks' environment, start nothing [HPCRING_DRY_RUN]",
+    )
+    add(
+        "--verbose",
+        action="store_true",
+        default=env_flag("HPCRING_VERBOSE"),
+        help="print the mpiexec line before starting it [HPCRING_VERBOSE]",
+    )
     add(
         "--quiet",
         action="store_true",
         default=env_flag("HPCRING_QUIET"),
-        help="no startup line naming the ranks, hosts and MPI (errors and elastic notes still print)",
+        help="no startup line naming the ranks, hosts and MPI and no closing summary (errors and elastic "
+        "notes still print) [HPCRING_QUIET]",
     )
     eng = parser.add_argument_group("engine settings (exported to every rank)")
-    eng.add_argument("--fusion-threshold-mb", metavar="MB", help="HPCRING_FUSION_THRESHOLD (bytes)")
-    eng.add_argument("--cycle-time-ms", metavar="MS", help="HPCRING_CYCLE_TIME")
-    eng.add_argument("--cache-capacity", metavar="N", help="HPCRING_CACHE_CAPACITY")
-    eng.add_argument("--timeline-filename", metavar="PATH", help="HPCRING_TIMELINE")
-    eng.add_argument("--timeline-mark-cycles", action="store_true", help="HPCRING_TIMELINE_MARK_CYCLES=1")
-    eng.add_argument(
-        "--stall-check-warning-time-seconds", metavar="S", help="HPCRING_STALL_CHECK_TIME_SECONDS"
+    e = eng.add_argument
+    e(
+        "--fusion-threshold-mb",
+        metavar="MB",
+        help="largest fused collective, in MiB (exported in bytes); 0 turns fusion off; default 64 "
+        "[HPCRING_FUSION_THRESHOLD]",
     )
-    eng.add_argument(
-        "--stall-check-shutdown-time-seconds", metavar="S", help="HPCRING_STALL_SHUTDOWN_TIME_SECONDS"
+    e(
+        "--cycle-time-ms",
+        metavar="MS",
+        help="least time between two negotiation cycles, in milliseconds; default 1 [HPCRING_CYCLE_TIME]",
     )
-    eng.add_argument("--no-stall-check", action="store_true", help="HPCRING_STALL_CHECK_DISABLE=1")
+    e(
+        "--cache-capacity",
+        metavar="N",
+        help="response-cache entries that let repeated collectives skip negotiation; 0 turns it off; "
+        "default 1024 [HPCRING_CACHE_CAPACITY]",
+    )
+    e(
+        "--timeline-filename",
+        metavar="PATH",
+        help="write a Chrome-trace timeline of every collective to PATH [HPCRING_TIMELINE]",
+    )
+    e(
+        "--timeline-mark-cycles",
+        action="store_true",
+        help="mark each negotiation cycle in the timeline [HPCRING_TIMELINE_MARK_CYCLES]",
+    )
+    e(
+        "--stall-check-warning-time-seconds",
+        metavar="S",
+        help="seconds a collective may wait for missing ranks before a warning names them; default 60 "
+        "[HPCRING_STALL_CHECK_TIME_SECONDS]",
+    )
+    e(
+        "--stall-check-shutdown-time-seconds",
+        metavar="S",
+        help="seconds of such a stall before every rank stops with an error; 0 never; default 0 "
+        "[HPCRING_STALL_SHUTDOWN_TIME_SECONDS]",
+    )
+    e(
+        "--no-stall-check",
+        action="store_true",
+        help="turn the stall inspector's warnings off [HPCRING_STALL_CHECK_DISABLE]",
+    )
     eng.add_argument(
         "--collective-timeout",
         metavar="SECONDS",
-        help=f"end the job when a collective every rank submitted has not completed in SECONDS; 0: never "
-        f"({COLLECTIVE_TIMEOUT_VAR}; default {DEFAULT_COLLECTIVE_TIMEOUT_S:g})",
+        help=f"end the job when a collective every rank submitted has not completed in SECONDS; 0 never; "
+        f"default {DEFAULT_COLLECTIVE_TIMEOUT_S:g} [{COLLECTIVE_TIMEOUT_VAR}]",
     )
-    eng.add_argument(
-        "--allreduce-algorithm", metavar="ALG", help=f"HPCRING_ALLREDUCE_ALGORITHM: {ALGORITHMS}"
+    e(
+        "--allreduce-algorithm",
+        metavar="ALG",
+        help=f"the allreduce algorithm, one of {', '.join(ALGORITHMS)}; default auto (chosen by size and "
+        "node layout) [HPCRING_ALLREDUCE_ALGORITHM]",
     )
-    eng.add_argument("--log-level", metavar="LEVEL", help=f"HPCRING_LOG_LEVEL: {LOG_LEVELS}")
+    e(
+        "--log-level",
+        metavar="LEVEL",
+        help=f"hpcring's log level on every rank, one of {', '.join(LOG_LEVELS)}; default warning "
+        "[HPCRING_LOG_LEVEL]",
+    )
     horovodrun_flags.register(parser)
     add("command", nargs=argparse.REMAINDER, help="the command each rank runs, after --")
 
@@ -285,7 +350,11 @@ def main(args: argparse.Namespace) -> int:
         if args.verbose:
             print(f"hpcring run: {shlex.join(argv)}", file=sys.stderr)
 
-    return sup.run(on_start=show)
+    began = time.monotonic()
+    code = sup.run(on_start=show)
+    if code == 0 and not args.quiet:
+        print(summary(spec.np, time.monotonic() - began, sup.rank_times()), file=sys.stderr)
+    return code
 
 
 def _run_elastic(args: argparse.Namespace, install: MpiInstall, spec: LaunchSpec, elastic: object) -> int:

@@ -20,11 +20,13 @@ def register(parser: argparse.ArgumentParser) -> None:
 
     job_flags.add_shape_args(parser)
     job_flags.add_script_args(parser)
-    parser.add_argument("-o", "--out", default=env("HPCRING_OUT"), help="script path [HPCRING_OUT]")
+    parser.add_argument(
+        "-o", "--out", default=env("HPCRING_OUT"), help="write the job script to this path [HPCRING_OUT]"
+    )
     parser.add_argument(
         "--script-dir",
         default=env("HPCRING_SCRIPT_DIR") or "hpcring-jobs",
-        help="where scripts go without -o [HPCRING_SCRIPT_DIR, default ./hpcring-jobs]",
+        help="folder for job scripts when -o is not given; default ./hpcring-jobs [HPCRING_SCRIPT_DIR]",
     )
     parser.add_argument(
         "--dry-run",
@@ -42,13 +44,20 @@ def register(parser: argparse.ArgumentParser) -> None:
         "--poll",
         type=float,
         default=env("HPCRING_POLL") or "0.5",
-        help="seconds between state polls with --wait [HPCRING_POLL]",
+        help="seconds between state polls with --wait; default 0.5 [HPCRING_POLL]",
     )
     parser.add_argument(
         "--wait-timeout",
         type=float,
         default=env("HPCRING_WAIT_TIMEOUT"),
         help="give up waiting after this many seconds [HPCRING_WAIT_TIMEOUT]",
+    )
+    parser.add_argument(
+        "--quiet",
+        action="store_true",
+        default=env_flag("HPCRING_QUIET"),
+        help="with --wait, print no line at each change of the job's state (pending, running, ...); those "
+        "lines appear only on a terminal anyway [HPCRING_QUIET]",
     )
 
 
@@ -74,7 +83,7 @@ def check_wait_flags(args: argparse.Namespace) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from hpcring.cli import job_flags
+    from hpcring.cli import job_flags, progress
     from hpcring.cli.render import prepare, write_script
     from hpcring.schedulers import submission
     from hpcring.schedulers.plan import Plan
@@ -102,7 +111,10 @@ def main(args: argparse.Namespace) -> int:
     print(job_id, flush=True)
     if not args.wait:
         return 0
-    result = submission.wait(p.scheduler, job_id, poll=args.poll, timeout=args.wait_timeout)
+    on_change = progress.state_printer(sys.stderr, args.quiet)
+    result = submission.wait(
+        p.scheduler, job_id, poll=args.poll, timeout=args.wait_timeout, on_change=on_change
+    )
     print(
         f"hpcring submit: job {job_id} ended: {result.state}, exit code {result.exit_code}", file=sys.stderr
     )

@@ -168,7 +168,7 @@ class _CsvLog:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         self._file = open(path, "w", newline="")  # noqa: SIM115 - closed when the search ends
         self._csv = csv.writer(self._file)
-        self._csv.writerow(["phase", "fusion_threshold_bytes", "cycle_time_ms", "bytes_per_second"])
+        self._csv.writerow(["phase", "fusion_threshold_bytes", "cycle_time_ms", "steps_per_second"])
 
     def row(self, phase: str, setting: Setting, score: float) -> None:
         self._csv.writerow([phase, setting.fusion_threshold, setting.cycle_time_ms, f"{score:.1f}"])

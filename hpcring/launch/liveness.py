@@ -6,7 +6,10 @@ every control connection send a heartbeat frame and count the silence since they
 - the launcher names a node not heard from for the silence timeout and ends the job (elastic: blacklists it);
 - a wrapper that has not heard its launcher for that long ends its rank, itself and the MPI daemon that
   started it (the dead-man switch), so a partitioned node frees its GPUs with nobody reaching it;
-- a wrapper whose rank has been stopped (SIGSTOP: state `T`, not a debugger's `t`) for that long ends it.
+- a wrapper whose rank has been stopped (SIGSTOP: state `T`, not a debugger's `t`) for that long ends it;
+- a launcher that was itself not running (stopped, or blocked) does not count that time against the nodes: it
+  notices its loop came late, and past the silence timeout ends the job naming itself, after printing what
+  the ranks sent meanwhile (the wrappers keep sending their output and exit reports into the connection).
 
 The silence timeout is half the collective timeout (HPCRING_COLLECTIVE_TIMEOUT, `--collective-timeout`,
 default 300 s; 0 turns both off): a lost node is then named by the launcher before the ranks still running
@@ -70,6 +73,12 @@ def _process_name(pid: int) -> str:
             return f.read().strip()
     except OSError:
         return ""
+
+
+def mpi_parent() -> int | None:
+    """This process's parent when it is an MPI launcher daemon (it started this node's ranks), else None."""
+    parent = os.getppid()
+    return parent if parent > 1 and _process_name(parent) in MPI_DAEMONS else None
 
 
 def end_mpi_parent() -> str | None:

@@ -25,7 +25,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from hpcring.launch import liveness, protocol, report
+from hpcring.launch import cleanup, liveness, protocol, report
 from hpcring.launch.detection import mpi_rank_size
 from hpcring.launch.target import is_python, own_python, python_target
 
@@ -40,23 +40,45 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
-def _connect(addresses: Sequence[str], deadline: float) -> socket.socket:
-    """Connect to the first reachable launcher address, retrying until the deadline (the launcher listens
-    before mpiexec starts, so failures are unreachable addresses, not a race)."""
+def _connect(addresses: Sequence[str], token: str, deadline: float) -> socket.socket:
+    """Connect to the first reachable launcher address and prove the job's token, retrying until the
+    deadline (the launcher listens before mpiexec starts, so failures are unreachable addresses, or a flood
+    of strangers that made the launcher drop this connection before it answered, not a race)."""
     last: Exception | None = None
     while True:
         for address in addresses:
             host, _, port = address.rpartition(":")
             try:
                 sock = socket.create_connection((host.strip("[]"), int(port)), timeout=5)
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                sock.settimeout(None)
-                return sock
             except OSError as exc:
                 last = exc
+                continue
+            try:
+                _answer_challenge(sock, token)
+            except (OSError, protocol.ProtocolError) as exc:
+                sock.close()
+                last = exc
+                continue
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.settimeout(None)
+            return sock
         if time.monotonic() > deadline:
             raise ConnectionError(f"cannot reach the hpcring launcher at {','.join(addresses)}: {last}")
         time.sleep(0.5)
+
+
+def _answer_challenge(sock: socket.socket, token: str) -> None:
+    """Read the launcher's nonce (exactly one CHALLENGE frame) and send its MAC under the token."""
+    data = b""
+    want = protocol.HEADER_BYTES + protocol.NONCE_BYTES
+    while len(data) < want:
+        chunk = sock.recv(want - len(data))
+        if not chunk:
+            raise ConnectionError("the launcher closed the connection before its challenge")
+        data += chunk
+    if data[:1] != protocol.CHALLENGE or int.from_bytes(data[1:5], "big") != protocol.NONCE_BYTES:
+        raise protocol.ProtocolError("the launcher's first frame is not a challenge")
+    sock.sendall(protocol.frame(protocol.AUTH, protocol.mac(token, data[protocol.HEADER_BYTES :])))
 
 
 def _await_go(sock: socket.socket, reader: protocol.FrameReader, silence_s: float) -> tuple[bytes, bytes]:
@@ -96,12 +118,14 @@ class Wrapper:
         self.interval = liveness.heartbeat_interval(silence_s)
         self.child: subprocess.Popen[bytes] | None = None
         self.ended_by_launcher = False
-        self.launcher_gone = False
+        self.launcher_gone = False  # its connection closed or broke: nothing more can be sent
+        self.launcher_silent = False  # not heard from for the silence timeout (maybe only stopped)
         self.kill_at: float | None = None
         self.report_pipe: int | None = None  # read end of the runner's failure-report pipe
         self.heard = self.beat_at = time.monotonic()
         self.stopped_since: float | None = None
         self.reason: str | None = None  # why the wrapper itself ended the rank (reported to the launcher)
+        self.shm = cleanup.ShmTracker(os.environ)
 
     def send(self, data: bytes) -> None:
         if self.launcher_gone:
@@ -160,9 +184,19 @@ class Wrapper:
         """SIGTERM the command's process group now, SIGKILL it after the grace period."""
         if self.child is None or self.kill_at is not None:
             return
+        self._track_shm(time.monotonic(), force=True)
         self._signal_group(signal.SIGTERM)
         self._signal_group(signal.SIGCONT)  # a stopped rank would keep SIGTERM pending until SIGKILL
         self.kill_at = time.monotonic() + TERM_GRACE_S
+
+    def _track_shm(self, now: float, force: bool = False) -> None:
+        """Note the shared memory the rank maps, and tell the launcher (cleanup.py)."""
+        if self.child is None:
+            return
+        new = self.shm.sample(self.child.pid, now, force)
+        if new:
+            paths = sorted(new)[: protocol.MAX_PATHS]
+            self.send(protocol.json_frame(protocol.SHM, {"paths": paths}))
 
     def _signal_group(self, sig: signal.Signals) -> None:
         if self.child is None:
@@ -191,6 +225,7 @@ class Wrapper:
                     sel.unregister(key.fileobj)
                     open_pipes -= 1
             now = time.monotonic()
+            self._track_shm(now)
             self._liveness(now)
             if self.kill_at is not None and now >= self.kill_at:
                 self._signal_group(signal.SIGKILL)
@@ -222,9 +257,12 @@ class Wrapper:
         self.beat_at = now + self.interval
         if not self.silence_s or self.child is None or self.kill_at is not None:
             return
-        if not self.launcher_gone and now - self.heard > self.silence_s:
+        if not (self.launcher_gone or self.launcher_silent) and now - self.heard > self.silence_s:
+            # Output and the exit report still go into the connection: a launcher that was only stopped
+            # reads them when it resumes (the socket's timeout bounds each send meanwhile).
             self._say(f"the launcher was not heard from for {self.silence_s:g} s; ending the rank")
-            self.launcher_gone = True
+            self.launcher_silent = True
+            self.reason = f"was ended by its wrapper: no word from the launcher for {self.silence_s:g} s"
             self.end_child()
             return
         stopped = liveness.is_stopped(self.child.pid)
@@ -289,6 +327,7 @@ def _environment(go: dict[str, Any]) -> dict[str, str]:
     for key, value in go.get("defaults", {}).items():
         env.setdefault(key, value)
     env.update(go.get("override", {}))
+    cleanup.rank_environment(env)
     return env
 
 
@@ -323,11 +362,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     # The MPI launcher's own variables, not HPCRING_* (which a nested launch may have inherited).
     rank, size = mpi_rank_size(os.environ) or (0, 1)
-    sock = _connect(args.control.split(","), time.monotonic() + CONNECT_TIMEOUT_S)
+    sock = _connect(args.control.split(","), token, time.monotonic() + CONNECT_TIMEOUT_S)
     sock.settimeout(args.silence_timeout or None)  # a send that cannot progress must not wedge the wrapper
     rank = rank or 0
     hello = {
-        "token": token,
         "rank": rank,
         "size": size,
         "host": socket.gethostname(),
@@ -358,11 +396,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         wrapper.send(protocol.json_frame(protocol.EXITED, {"code": 127, "signal": None}))
         return 127
     status = wrapper.run()
-    if wrapper.launcher_gone:
+    wrapper.shm.sweep(liveness.mpi_parent())
+    if wrapper.launcher_gone or wrapper.launcher_silent:
         # Dead-man switch: the launcher cannot end this node's MPI daemon any more; nobody else will.
         daemon = liveness.end_mpi_parent()
         if daemon:
             wrapper._say(f"ended its MPI daemon ({daemon}), which had lost the launcher too")
+            wrapper.shm.sweep(None)  # the node's other ranks went with it
+            cleanup.remove_job_dirs(os.environ)
         return status
     with contextlib.suppress(OSError):
         sock.shutdown(socket.SHUT_WR)

@@ -28,12 +28,15 @@ from typing import BinaryIO
 from hpcring.contracts.elastic import RESET_EXIT_CODE
 from hpcring.contracts.rank_env import RANK_VARIABLES, rank_environment
 from hpcring.errors import LaunchError
-from hpcring.launch import liveness, protocol
+from hpcring.launch import cleanup, control, liveness, protocol
 from hpcring.launch.command import LaunchSpec, build
 from hpcring.launch.flavour import MpiInstall
 from hpcring.launch.layout import emulated_nodes, node_of_hosts, places
+from hpcring.launch.mpi_output import MpiOutput
 from hpcring.launch.report import ErrorReport, RankFailure
 
+_TICK_S = 0.2  # the loop's select timeout: deadlines are checked at least this often
+_LATE_S = 0.5  # a loop iteration this much later than its timeout: the launcher itself was not running
 ABORT_GRACE_S = 6.0  # after telling survivors to stop, before killing mpiexec's process group
 # Elastic: after a rank fails by an error before committing, how long the others may go on to show whether
 # they fail alike (a broken script) before they are ended (docs/guide/elastic.md, which failures blacklist a
@@ -74,16 +77,6 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _route_source(host: str) -> str | None:
-    """The local address this machine uses to reach `host` (a UDP connect sends nothing)."""
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.connect((host, 9))
-            return str(s.getsockname()[0])
-    except OSError:
-        return None
-
-
 def _term_with_parent() -> None:
     """In mpiexec before exec: SIGTERM if the launcher dies (even by SIGKILL), so mpiexec ends its ranks."""
     with contextlib.suppress(Exception):
@@ -99,92 +92,20 @@ def forwarded_env(env: Mapping[str, str]) -> dict[str, str]:
     }
 
 
-class MpiOutput:
-    """mpiexec's own output, relayed line by line.
-
-    Open MPI's "exited improperly" help block is dropped when we are ending the job ourselves: we ended those
-    processes, and the launcher already named the cause. It can arrive just before the failing rank's report,
-    so such a block is held back briefly before it is shown."""
-
-    NOISE = ("improperly", "exited due to process rank", "noticed that process rank", "BAD TERMINATION")
-    # MPICH's lines after its "BAD TERMINATION" box
-    NOISE_LINES = (
-        b"YOUR APPLICATION TERMINATED WITH THE EXIT STRING",
-        b"This typically refers to a problem with your application.",
-        b"Please see the FAQ page for debugging suggestions",
-    )
-    HOLD_S = 3.0
-
-    def __init__(self, stream: BinaryIO, aborting: Callable[[], bool]) -> None:
-        self.stream = stream
-        self.aborting = aborting
-        self.partial = b""
-        self.block: list[bytes] | None = None
-        self.held: list[tuple[float, list[bytes]]] = []
-
-    def feed(self, data: bytes, final: bool = False) -> None:
-        lines = (self.partial + data).split(b"\n")
-        self.partial = lines.pop()
-        if final and self.partial:
-            lines.append(self.partial)
-            self.partial = b""
-        out: list[bytes] = []
-        for line in lines:
-            ruler = len(line) > 20 and len(set(line.strip())) == 1 and line.strip()[:1] in (b"-", b"=")
-            if self.block is None and ruler:
-                self.block = [line]
-            elif self.block is None and line.startswith(self.NOISE_LINES):
-                self._hold([line])
-            elif self.block is not None:
-                self.block.append(line)
-                if ruler:
-                    out += self._close_block()
-            else:
-                out.append(line)
-        if final and self.block is not None:
-            out += self.block
-            self.block = None
-        self._write(out)
-        self.tick(final)
-
-    def tick(self, final: bool = False) -> None:
-        """Drop held blocks once the job is aborting; show them when their hold expires or at the end."""
-        if self.aborting():
-            self.held.clear()
-        now = time.monotonic()
-        while self.held and (final or self.held[0][0] <= now):
-            self._write(self.held.pop(0)[1])
-
-    def _write(self, lines: list[bytes]) -> None:
-        if lines:
-            self.stream.write(b"".join(line + b"\n" for line in lines))
-            self.stream.flush()
-
-    def _close_block(self) -> list[bytes]:
-        block, self.block = self.block or [], None
-        text = b" ".join(block).decode(errors="replace")
-        if any(n in text for n in self.NOISE):
-            self._hold(block)
-            return []
-        return block
-
-    def _hold(self, lines: list[bytes]) -> None:
-        if not self.aborting():
-            self.held.append((time.monotonic() + self.HOLD_S, lines))
-
-
 @dataclass
 class Conn:
     """One wrapper's connection."""
 
     sock: socket.socket
-    reader: protocol.FrameReader = field(default_factory=protocol.FrameReader)
+    # A wrapper's frames are output chunks (64 KiB reads) and small reports.
+    reader: protocol.FrameReader = field(default_factory=lambda: protocol.FrameReader(1 << 20))
     rank: int | None = None
     host: str = ""
     partial: dict[bytes, bytes] = field(default_factory=dict)
     exited: bool = False
     heard: float = field(default_factory=time.monotonic)  # when anything last arrived from the wrapper
     outbox: bytearray = field(default_factory=bytearray)  # control frames the socket has not taken yet
+    ended: float | None = None  # when the wrapper reported its rank's exit (monotonic)
 
 
 class Supervisor:
@@ -216,6 +137,7 @@ class Supervisor:
         self.err = stderr or sys.stderr.buffer
         self.base_env = dict(os.environ if env is None else env)
         self.token = secrets.token_hex(16)
+        self.gate = control.Gate(self.token, self._note)
         self.sel = selectors.DefaultSelector()
         self.conns: dict[int, Conn] = {}  # by rank, once known
         self.failure: tuple[int, str, int] | None = None  # (rank, how, exit status) of the first failure
@@ -225,12 +147,14 @@ class Supervisor:
         self.hold_until: float | None = None  # elastic: others run on until then (VERDICT_HOLD_S)
         self.interrupted: int | None = None
         self.started = False
+        self.released_at: float | None = None  # when every rank had checked in and was sent its environment
         self.abort_at: float | None = None
         self.mpiexec: subprocess.Popen[bytes] | None = None
         self.master_port = free_port()
         self.silence_s = liveness.silence_timeout(spec.settings, self.base_env)  # 0: never
         self.beat_at = 0.0
         self.lost: dict[str, list[int]] = {}  # host -> ranks of the nodes not heard from
+        self.shm_paths: set[str] = set()  # shared memory this machine's ranks mapped (cleanup.py)
 
     # ---- output -------------------------------------------------------------------------------------------
     def _note(self, text: str) -> None:
@@ -393,25 +317,29 @@ class Supervisor:
             self._abort(SIGNAL_GRACE_S)
 
     # ---- control socket -----------------------------------------------------------------------------------
-    def _listen(self) -> tuple[socket.socket, list[str]]:
-        if not self.spec.remote:
-            sock = socket.create_server(("127.0.0.1", 0), backlog=256)
-            return sock, [f"127.0.0.1:{sock.getsockname()[1]}"]
-        sock = socket.create_server(("0.0.0.0", 0), backlog=256)
-        port = sock.getsockname()[1]
-        addrs: list[str] = []
-        for host in self.spec.hosts:
-            src = _route_source(host.name)
-            if src and f"{src}:{port}" not in addrs:
-                addrs.append(f"{src}:{port}")
-        addrs.append(f"{socket.gethostname()}:{port}")
-        return sock, addrs
-
     def _accept(self, server: socket.socket) -> None:
-        sock, _ = server.accept()
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.setblocking(False)
-        self.sel.register(sock, selectors.EVENT_READ, Conn(sock))
+        conn, dropped = self.gate.accept(server)
+        for gone in dropped:
+            self._close_pending(gone)
+        if conn is not None:
+            self.sel.register(conn.sock, selectors.EVENT_READ, conn)
+
+    def _close_pending(self, conn: control.Pending) -> None:
+        self.gate.forget(conn)
+        with contextlib.suppress(KeyError, ValueError):
+            self.sel.unregister(conn.sock)
+        conn.sock.close()
+
+    def _authenticate(self, pending: control.Pending) -> None:
+        """Bytes from a connection that has not proved the token yet: once it has, it is a wrapper's."""
+        try:
+            if self.gate.receive(pending) is None:
+                return
+        except protocol.ProtocolError as exc:
+            self.gate.refuse(pending.peer, str(exc))
+            self._close_pending(pending)
+            return
+        self.sel.modify(pending.sock, selectors.EVENT_READ, Conn(pending.sock))
 
     def _read(self, conn: Conn) -> None:
         try:
@@ -427,32 +355,48 @@ class Supervisor:
         try:
             for kind, payload in conn.reader.feed(data):
                 self._frame(conn, kind, payload)
-        except ValueError as exc:
-            self._note(f"dropping a control connection: {exc}")
+        except protocol.ProtocolError as exc:
+            self._note(f"dropping {self._whose(conn)} control connection: {exc}")
+            self._closed(conn)
+        except Exception as exc:  # no input may end the launcher; this one is a bug, and says so
+            self._note(f"dropping {self._whose(conn)} control connection: {type(exc).__name__}: {exc}")
             self._closed(conn)
 
+    @staticmethod
+    def _whose(conn: Conn) -> str:
+        return "an unnamed" if conn.rank is None else f"rank {conn.rank}'s"
+
     def _frame(self, conn: Conn, kind: bytes, payload: bytes) -> None:
+        if kind == protocol.HEARTBEAT:
+            return
         if kind == protocol.HELLO:
-            hello = protocol.decode(payload)
-            if hello.get("token") != self.token or not isinstance(hello.get("rank"), int):
-                raise ValueError("a connection without this job's token")
-            rank = int(hello["rank"])
-            if rank in self.conns or not 0 <= rank < self.spec.np:
-                raise ValueError(f"unexpected or duplicate rank {rank}")
-            if hello.get("size") not in (None, self.spec.np):
-                raise ValueError(
-                    f"rank {rank} reports world size {hello.get('size')}, expected {self.spec.np}"
-                )
-            conn.rank, conn.host = rank, str(hello.get("host", ""))
-            self.conns[rank] = conn
-            if len(self.conns) == self.spec.np:
-                self._go()
+            self._hello(conn, protocol.hello(payload))
         elif conn.rank is None:
-            raise ValueError("a frame before the wrapper's hello")
+            raise protocol.ProtocolError(f"a {kind!r} frame before the wrapper's hello")
         elif kind in (protocol.STDOUT, protocol.STDERR):
             self._emit(conn, kind, payload)
         elif kind == protocol.EXITED:
-            self._exited(conn, protocol.decode(payload))
+            self._exited(conn, protocol.exited(payload))
+        elif kind == protocol.STARTED:
+            protocol.started(payload)
+        elif kind == protocol.SHM:
+            paths = protocol.shm_paths(payload)
+            if conn.host == socket.gethostname() and len(self.shm_paths) < 4096:
+                self.shm_paths.update(paths)
+        else:
+            raise protocol.ProtocolError(f"unknown frame type {kind!r}")
+
+    def _hello(self, conn: Conn, hello: dict[str, object]) -> None:
+        rank, size = hello["rank"], hello["size"]
+        assert isinstance(rank, int)
+        if conn.rank is not None or rank in self.conns or not 0 <= rank < self.spec.np:
+            raise protocol.ProtocolError(f"unexpected or duplicate rank {rank}")
+        if size != self.spec.np:
+            raise protocol.ProtocolError(f"rank {rank} reports world size {size}, expected {self.spec.np}")
+        conn.rank, conn.host = rank, str(hello["host"])
+        self.conns[rank] = conn
+        if len(self.conns) == self.spec.np:
+            self._go()
 
     def _go(self) -> None:
         """Every rank has checked in: send each its environment, computed from where the ranks really run."""
@@ -489,9 +433,17 @@ class Supervisor:
                 protocol.json_frame(protocol.GO, {"override": override, "defaults": defaults}),
             )
         self.started = True
+        self.released_at = time.monotonic()
+
+    def rank_times(self) -> dict[int, tuple[str, float]]:
+        """rank -> (host, seconds from its release to its exit report), for the ranks that reported."""
+        if self.released_at is None:
+            return {}
+        return {r: (c.host, c.ended - self.released_at) for r, c in self.conns.items() if c.ended is not None}
 
     def _exited(self, conn: Conn, report: dict[str, object]) -> None:
         conn.exited = True
+        conn.ended = time.monotonic()
         for kind in list(conn.partial):
             self._emit(conn, kind, b"", final=True)
         code = report.get("code")
@@ -514,7 +466,9 @@ class Supervisor:
                     int(code_i or 0)
                 )
             reason = report.get("reason")  # the wrapper ended it (a rank stopped for too long)
-            how = f"on {conn.host} {reason}" if isinstance(reason, str) else describe_end(code_i, sig_i)
+            how = describe_end(code_i, sig_i)
+            if isinstance(reason, str):
+                how = f"on {conn.host} {_clip(reason)}"
             self._fail(conn.rank, how, exit_status(code_i, sig_i), error if reason is None else None)
 
     def _left_early(self, conn: Conn) -> None:
@@ -571,11 +525,16 @@ class Supervisor:
         ]
 
     def run(self, on_start: Callable[[list[str]], None] | None = None) -> int:
-        server, addresses = self._listen()
-        server.setblocking(False)
-        self.sel.register(server, selectors.EVENT_READ, None)
+        servers, addresses = control.listen([h.name for h in self.spec.hosts], self.spec.remote)
+        for server in servers:
+            server.setblocking(False)
+            self.sel.register(server, selectors.EVENT_READ, None)
         argv, env = build(self.install, self.spec, self.wrapper_argv(addresses), self.base_env)
         env[protocol.TOKEN_VARIABLE] = self.token  # never argv: see protocol.TOKEN_VARIABLE
+        dirs = cleanup.JobDirs(
+            self.base_env, openmpi=self.install.flavour == "openmpi", local=not self.spec.remote
+        )
+        env.update(dirs.env)
         if on_start:
             on_start(argv)
         previous = {
@@ -598,11 +557,18 @@ class Supervisor:
             assert self.mpiexec.stdout is not None and self.mpiexec.stderr is not None
             self.sel.register(self.mpiexec.stdout, selectors.EVENT_READ, MpiOutput(self.out, aborting))
             self.sel.register(self.mpiexec.stderr, selectors.EVENT_READ, MpiOutput(self.err, aborting))
-            return self._loop(server)
+            return self._loop()
         finally:
             for s, handler in previous.items():
                 signal.signal(s, handler)
             self._kill_mpiexec(signal.SIGKILL)
+            if self.mpiexec is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self.mpiexec.wait(
+                        timeout=KILL_GRACE_S
+                    )  # a live prterun could write its session dir again
+            dirs.remove()
+            cleanup.unlink_reported(self.shm_paths, self.base_env)
             for key in list(self.sel.get_map().values()):
                 with contextlib.suppress(OSError):
                     key.fileobj.close()  # type: ignore[union-attr]
@@ -610,22 +576,31 @@ class Supervisor:
             for f in self.output_files.values():
                 f.close()
 
-    def _loop(self, server: socket.socket) -> int:
+    def _loop(self) -> int:
         assert self.mpiexec is not None
         start_deadline = time.monotonic() + self.spec.start_timeout_s
         mpiexec_done_at: float | None = None
         killed = False
+        ran_at = time.monotonic()
         while True:
-            for key, _ in self.sel.select(timeout=0.2):
+            events = self.sel.select(timeout=_TICK_S)
+            late = time.monotonic() - ran_at - _TICK_S
+            if late > _LATE_S:
+                self._after_a_stop(late)  # before reading: what arrived meanwhile is judged knowing it
+            for key, _ in events:
                 if key.data is None:
-                    self._accept(server)
+                    self._accept(key.fileobj)  # type: ignore[arg-type]
                 elif isinstance(key.data, MpiOutput):
                     self._relay(key)
+                elif isinstance(key.data, control.Pending):
+                    self._authenticate(key.data)
                 else:
                     self._read(key.data)
             if self.on_tick is not None:
                 self.on_tick(self)
             now = time.monotonic()
+            for stale in self.gate.expired(now):
+                self._close_pending(stale)
             self._end_hold(now)
             self._liveness(now)
             if not self.started and now > start_deadline and self.abort_at is None:
@@ -653,11 +628,30 @@ class Supervisor:
             drain = 1.0 if self.interrupted is not None else 3.0
             if mpiexec_done_at is not None and (not live or now - mpiexec_done_at > drain):
                 break
+            ran_at = time.monotonic()
         for key in list(self.sel.get_map().values()):
             if isinstance(key.data, MpiOutput):  # a daemon still holds the pipe: flush what we have
                 key.data.feed(b"", final=True)
         self._silent_at_the_end(time.monotonic())
         return self._result()
+
+    def _after_a_stop(self, late: float) -> None:
+        """The loop did not run for `late` s (the launcher was stopped by SIGSTOP, or blocked, or its machine
+        froze): that silence is ours, not the nodes', so it is not counted against them. Past the silence
+        timeout the wrappers have given up on us (their dead-man switch ended the ranks): the job ends
+        naming the launcher, and what the ranks sent before is still read and printed."""
+        for conn in self.conns.values():
+            conn.heard += late
+        if not self.silence_s or late <= self.silence_s or self.abort_at is not None:
+            return
+        what = (
+            f"this launcher was not running for {late:.0f} s (stopped, or its machine froze), longer than "
+            f"the silence timeout ({self.silence_s:g} s): the rank wrappers gave it up and ended their ranks"
+        )
+        if self.failure is None and self.interrupted is None:
+            self.failure = (-1, f"was ended because {what}", 1)
+        self._note(f"{what}; ending the job")
+        self._abort()
 
     def _silent_at_the_end(self, now: float) -> None:
         """Wrappers that never reported and sent nothing for two heartbeats are on lost nodes: name them

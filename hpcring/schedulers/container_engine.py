@@ -21,7 +21,7 @@ import json
 import re
 from collections.abc import Sequence
 
-from hpcring.errors import ProfileError
+from hpcring.errors import ConfigError, ProfileError
 from hpcring.schedulers.model import Container
 from hpcring.schedulers.shell import Raw
 
@@ -43,6 +43,23 @@ def toml_string(value: str) -> str:
 def is_user_edf(image: str) -> bool:
     """`--image` names the user's own EDF (a `.toml` file) rather than an image."""
     return image.endswith(".toml")
+
+
+# Apptainer/Singularity image files: not something the Container Engine can start (edf.md: `image` is "a
+# remote Docker/OCI registry or a local Squashfs file").
+_SIF_SUFFIXES = (".sif", ".simg")
+
+
+def check_image(image: str) -> None:
+    """Refuse an Apptainer image, naming what the Container Engine takes instead (a hard error: the job
+    would otherwise fail on the compute node, after its wait in the queue)."""
+    if image.lower().endswith(_SIF_SUFFIXES):
+        raise ConfigError(
+            f"--image {image!r}: CSCS's Container Engine does not run Apptainer/Singularity images; give a "
+            "registry reference ([REGISTRY#]IMAGE[:TAG], e.g. nvcr.io#nvidia/pytorch:25.11-py3), a SquashFS "
+            "file made with `enroot import docker://REGISTRY#IMAGE:TAG` (.sqsh), or your own EDF (.toml) "
+            "(https://docs.cscs.ch/software/container-engine/, run.md and edf.md)"
+        )
 
 
 def environment_arg(image: str) -> Raw | str:

@@ -324,6 +324,7 @@ def plan(profile: Profile, image: str | None, binds: Sequence[str], uses_gpus: b
 
 def _engine_plan(c: Container, image: str, binds: Sequence[str]) -> ContainerPlan:
     """CSCS's Container Engine: no prefix on the rank command; srun gets `--environment=` and the EDF."""
+    container_engine.check_image(image)
     user_edf = container_engine.is_user_edf(image)
     if user_edf and binds:
         raise ConfigError(

@@ -13,11 +13,13 @@ from __future__ import annotations
 import re
 
 from hpcring.errors import SubmitError
-from hpcring.schedulers.jobstate import JobResult, run
+from hpcring.schedulers.jobstate import Active, JobResult, active, run
 
 _ID = re.compile(r"^(?:[ƒf][1-9A-HJ-NP-Za-km-z]+|\d+)$")
 FORMAT = "{state}|{result}|{returncode}"
 CANCELED_BEFORE_START = -128
+# `flux jobs` state names (flux-core's job states) by phase; RUN and CLEANUP count as running.
+PHASES = {"NEW": "pending", "DEPEND": "pending", "PRIORITY": "pending", "SCHED": "pending"}
 
 
 def job_id(stdout: str) -> str | None:
@@ -39,8 +41,9 @@ def exit_code(result: str, returncode: int) -> int:
     return 1 if code == 0 and result != "COMPLETED" else code
 
 
-def state(job_id: str) -> JobResult | None:
-    """None while the job is pending or running; its result and exit code once it is INACTIVE."""
+def state(job_id: str) -> JobResult | Active | None:
+    """Active while the job is pending or running; its result and exit code once it is INACTIVE; None when
+    the instance did not answer this time."""
     res = run(["flux", "jobs", "-n", "-o", FORMAT, job_id])
     if res.returncode != 0:
         if "unknown" in res.stderr.lower() or "not found" in res.stderr.lower():
@@ -54,7 +57,7 @@ def state(job_id: str) -> JobResult | None:
         raise SubmitError(f"cannot read the state of job {job_id} from flux jobs: {res.stdout.strip()!r}")
     st, result, code = fields
     if st != "INACTIVE":
-        return None
+        return active(st, PHASES)
     try:
         returncode = int(code)
     except ValueError as exc:

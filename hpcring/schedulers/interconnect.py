@@ -1,7 +1,9 @@
 """Environment implied by the node's interconnect for NCCL/RCCL and UCX.
 
 These are the usual starting points from the sites' guides (OLCF for Slingshot + aws-ofi-rccl, NVIDIA for
-InfiniBand/RoCE); a profile's `site.env` and a job's `env` are applied after them and win.
+InfiniBand/RoCE); a profile's `site.env` and a job's `env` are applied after them and win, and a profile's
+`site.network` block (the site's own documented stack, network.py) replaces them for GPU jobs. NCCL variables
+only for NVIDIA and AMD GPUs: Intel GPUs use oneCCL, which reads none of them.
 """
 
 from __future__ import annotations
@@ -10,8 +12,9 @@ from hpcring.schedulers.model import Node
 
 
 def env_for(node: Node, uses_gpus: bool) -> list[tuple[str, str]]:
-    """(name, value) pairs for the interconnect; NCCL variables only when ranks use GPUs."""
+    """(name, value) pairs for the interconnect; NCCL variables only when ranks use NVIDIA or AMD GPUs."""
     ic = node.interconnect
+    uses_gpus = uses_gpus and node.gpu_vendor != "intel"  # the NCCL/RCCL variables below
     nic_names = [n.name for n in node.nics]
     out: list[tuple[str, str]] = []
     if ic in ("infiniband", "roce"):

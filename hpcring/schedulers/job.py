@@ -52,6 +52,8 @@ class JobSpec:
     env: tuple[tuple[str, str], ...] = ()
     steps: tuple[Step, ...] = field(default_factory=tuple)
     elastic: tuple[int, int] | None = None  # (min_nodes, max_restarts): hpcring.launch.elastic.batch
+    # The rank program links the MPI's GPU transfer library (network.py); None: the profile's default.
+    gpu_aware_mpi: bool | None = None
 
 
 def command_argv(command: str | Sequence[str]) -> tuple[str, ...]:
@@ -125,6 +127,7 @@ def from_mapping(data: Mapping[str, Any], where: str = "<job>") -> JobSpec:
             if "elastic" in data
             else None
         ),
+        gpu_aware_mpi=data.get("gpu_aware_mpi"),
     )
 
 

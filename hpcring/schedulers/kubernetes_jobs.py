@@ -6,14 +6,15 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import time
 from collections.abc import Mapping
 
 from hpcring.errors import ConfigError, SubmitError
-from hpcring.schedulers.jobstate import JobResult, run
+from hpcring.schedulers.jobstate import Active, JobResult, OnChange, poll_until_end, run
 
 # MPIJob conditions (kubeflow.org/v2beta1 JobConditionType) that end a job.
 ENDED = ("Succeeded", "Failed")
+# The conditions of a job that has not ended, by phase; the latest true one wins (Created: not yet running).
+PHASES = {"Created": "pending", "Running": "running", "Restarting": "pending", "Suspended": "suspended"}
 
 
 def kubectl_path(env: Mapping[str, str] | None = None) -> str:
@@ -56,8 +57,8 @@ def apply(argv: list[str]) -> None:
         raise SubmitError(f"kubectl apply refused the MPIJob (exit {res.returncode}): {why}")
 
 
-def state(name: str, text: str) -> JobResult | None:
-    """The job's result once a Succeeded or Failed condition is true (None while it runs).
+def state(name: str, text: str) -> JobResult | Active:
+    """The job's result once a Succeeded or Failed condition is true; before, its latest true condition.
 
     An MPIJob's status holds no exit code: a failed job reports 1 and its condition's reason.
     """
@@ -65,26 +66,30 @@ def state(name: str, text: str) -> JobResult | None:
         status = json.loads(text).get("status") or {}
     except (json.JSONDecodeError, AttributeError) as exc:
         raise SubmitError(f"kubectl get mpijob {name} printed no JSON object: {text[:200]!r}") from exc
+    latest = "Created"
     for cond in status.get("conditions") or []:
-        if cond.get("type") in ENDED and cond.get("status") == "True":
+        if cond.get("status") != "True":
+            continue
+        if cond.get("type") in ENDED:
             ok = cond["type"] == "Succeeded"
             reason = cond.get("reason") or cond["type"]
             return JobResult(name, f"{cond['type']} ({reason})", 0 if ok else 1)
-    return None
+        if cond.get("type") in PHASES:
+            latest = cond["type"]
+    return Active(latest, PHASES[latest])
 
 
-def wait(argv: list[str], name: str, poll: float, timeout: float | None) -> JobResult:
+def wait(
+    argv: list[str], name: str, poll: float, timeout: float | None, on_change: OnChange | None = None
+) -> JobResult:
     """Poll `kubectl get mpijob` until the job ends."""
-    start = time.monotonic()
-    while True:
+
+    def query() -> JobResult | Active:
         res = run(argv)
         if res.returncode != 0:
             raise SubmitError(
                 f"kubectl get mpijob {name} failed (exit {res.returncode}): {res.stderr.strip()}"
             )
-        result = state(name, res.stdout)
-        if result is not None:
-            return result
-        if timeout is not None and time.monotonic() - start > timeout:
-            raise SubmitError(f"MPIJob {name} still running after {timeout:.0f} s (it was left running)")
-        time.sleep(poll)
+        return state(name, res.stdout)
+
+    return poll_until_end(query, f"MPIJob {name}", poll, timeout, on_change)

@@ -18,6 +18,9 @@ from hpcring.schedulers.kubernetes_plan import MpiJobPlan
 SHM_VOLUME = "dshm"
 LAUNCHER_CONTAINER = "mpi-launcher"
 WORKER_CONTAINER = "mpi-worker"
+# The launcher runs only mpirun (ranks run on workers): a small fixed share, given so that namespaces whose
+# ResourceQuota wants requests admit the pod, and as limits so that it runs as Guaranteed.
+LAUNCHER_RESOURCES = {"cpu": "1", "memory": "2Gi"}
 
 
 def kube_escape(text: str) -> str:
@@ -55,10 +58,15 @@ def to_object(plan: MpiJobPlan) -> dict[str, Any]:
     launcher = _container(plan, LAUNCHER_CONTAINER)
     launcher["command"] = [kube_escape(w) for w in plan.launcher_command]
     launcher["env"] = [{"name": k, "value": kube_escape(v)} for k, v in plan.env]
+    launcher["resources"] = {"requests": dict(LAUNCHER_RESOURCES), "limits": dict(LAUNCHER_RESOURCES)}
+    # No worker command: the operator then runs `/usr/sbin/sshd -De` itself (docs/dev/kubernetes.md).
     worker = _container(plan, WORKER_CONTAINER)
-    if plan.worker_resources:
-        worker["resources"] = {"limits": dict(plan.worker_resources)}
+    requests: dict[str, Any] = dict(plan.worker_requests)
+    worker["resources"] = {"requests": requests, "limits": {**requests, **dict(plan.worker_resources)}}
     worker["volumeMounts"] = [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}]
+    if plan.ssh_port is not None:
+        # Ready once sshd accepts connections: what the launcher waits for (launcherCreationPolicy).
+        worker["readinessProbe"] = {"tcpSocket": {"port": plan.ssh_port}, "periodSeconds": 2}
     metadata: dict[str, Any] = {"name": plan.name}
     if plan.namespace:
         metadata["namespace"] = plan.namespace
@@ -83,6 +91,7 @@ def to_object(plan: MpiJobPlan) -> dict[str, Any]:
             "slotsPerWorker": plan.slots_per_worker,
             "mpiImplementation": plan.mpi_implementation,
             "sshAuthMountPath": plan.ssh_auth_mount_path,
+            "launcherCreationPolicy": "WaitForWorkersReady",
             "runPolicy": run_policy,
             "mpiReplicaSpecs": {
                 "Launcher": {

@@ -37,7 +37,9 @@ def parse(site: Mapping[str, Any], where: str) -> KubernetesOptions:
         rdma_resources=tuple((k, int(v)) for k, v in (d.get("rdma_resources") or {}).items()),
         shm_size=d.get("shm_size"),
         capabilities=tuple(d.get("capabilities", [])),
-        ssh_auth_mount_path=d.get("ssh_auth_mount_path", "/root/.ssh"),
+        worker_memory=d.get("worker_memory"),
+        # The operator compares the path with "/root/.ssh" exactly (the keys' 0600 mode depends on it).
+        ssh_auth_mount_path=d.get("ssh_auth_mount_path", "/root/.ssh").rstrip("/") or "/",
         clean_pod_policy=d.get("clean_pod_policy", "Running"),
         backoff_limit=d.get("backoff_limit"),
         ttl_seconds_after_finished=d.get("ttl_seconds_after_finished"),

@@ -4,6 +4,10 @@ Like `planner` for batch scripts, this module alone computes; `kubernetes_manife
 pod per node (replicas = nodes) with `slotsPerWorker` ranks each, taking all the node's GPUs so that the GPU
 numbers of the profile are the ones the pod sees; the launcher pod runs mpirun, and every rank starts through
 hpcring's per-rank GPU wrapper (the one `mpiexec` uses), which keeps only the rank's own GPUs visible.
+
+What the operator adds to the pods (the hostfile at /etc/mpi, the SSH Secret, the workers' sshd, the
+launcher's environment) is in docs/dev/kubernetes.md, read from its controller; the mpirun line relies on the
+first two only, since Open MPI 5 ignores the `OMPI_MCA_orte_*` variables the operator sets.
 """
 
 from __future__ import annotations
@@ -27,6 +31,13 @@ WRAPPER_NAME = "hpcring-affinity"  # $0 of the wrapper's `bash -c`
 # The job name is the Service's (DNS-1035 label) and prefixes the pods' host names (at most 63 characters).
 _NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _MAX_LABEL = 63
+# The hostfile of the operator's ConfigMap, mounted in the launcher pod; passed to mpirun explicitly.
+HOSTFILE = "/etc/mpi/hostfile"
+# The operator's default sshAuthMountPath; there the pods (and so mpirun and the ranks) run as root.
+ROOT_SSH = "/root/.ssh"
+# The image's own variables that ranks on other pods need (ssh sessions start with sshd's environment).
+IMAGE_ENV = ("PATH", "LD_LIBRARY_PATH")
+SSH_PORT = 22  # where the workers' `/usr/sbin/sshd -De` listens: the readiness probe's port
 
 
 @dataclass(frozen=True)
@@ -46,6 +57,8 @@ class MpiJobPlan:
     launcher_command: tuple[str, ...]  # the launcher container's command: mpirun ... (or bash -c for steps)
     env: tuple[tuple[str, str], ...]
     worker_resources: tuple[tuple[str, int], ...]  # device-plugin resources per worker pod (limits)
+    worker_requests: tuple[tuple[str, str], ...]  # cpu and memory per worker pod (requests = limits)
+    ssh_port: int | None  # the workers' readiness probe (root's sshd); None: the image's own sshd set-up
     shm_size: str | None
     capabilities: tuple[str, ...]
     ssh_auth_mount_path: str
@@ -97,35 +110,50 @@ def _refuse_batch_only(job: JobSpec, rm: RankMap) -> None:
             raise ConfigError(f"{flag}: not supported with kubernetes: {why}")
 
 
-def mpirun_flags(rm: RankMap, env_names: list[str]) -> tuple[list[str], list[tuple[str, str]]]:
-    """mpirun's flags for the site's MPI, and variables it needs in the launcher's environment.
+def _extra_env(rm: RankMap) -> list[tuple[str, str]]:
+    """Variables the site's MPI reads for placement: Intel MPI pins by variables, a domain of the rank's
+    cores' hardware threads."""
+    site, s = rm.profile.site, rm.shape
+    if site.mpi != "intel-mpi":
+        return []
+    if site.binding:
+        return [("I_MPI_PIN_DOMAIN", str(s.cpus_per_rank * s.threads_per_core))]
+    return [("I_MPI_PIN", "0")]
+
+
+def mpirun_flags(rm: RankMap, env_names: list[str], root: bool) -> list[str]:
+    """mpirun's words for the site's MPI: the operator's hostfile, the rank count and placement, root's
+    consent (Open MPI), and the variables each rank must get (`env_names` after the image's PATH and
+    LD_LIBRARY_PATH, since ranks on other pods start from an ssh session's environment).
 
     The kubelet, not the job, picks a pod's CPUs, so ranks are bound by the MPI inside the pod's own cpuset
     (`cpus_per_rank` cores each) instead of by the profile's OS numbers.
     """
     site, s = rm.profile.site, rm.shape
     n, ppn, cores = str(s.ranks), str(s.max_ranks_per_node), s.cpus_per_rank
+    names = [*IMAGE_ENV, *(k for k in env_names if k not in IMAGE_ENV)]
     if site.mpi == "openmpi":
-        # Open MPI's mpirun forwards only the variables named with -x to ranks on other pods.
-        forward = [w for name in env_names for w in ("-x", name)]
+        # PRRTE (Open MPI 5) reads no OMPI_MCA_orte_default_hostfile: the hostfile goes on the command line.
+        head = ["mpirun", "--hostfile", HOSTFILE, *(["--allow-run-as-root"] if root else []), "-n", n]
+        forward = [w for name in names for w in ("-x", name)]
         if site.binding:
-            return [
-                "mpirun",
-                "-n",
-                n,
-                "--map-by",
-                f"ppr:{ppn}:node:PE={cores}",
-                "--bind-to",
-                "core",
-                *forward,
-            ], []
-        return ["mpirun", "-n", n, "--map-by", f"ppr:{ppn}:node", "--bind-to", "none", *forward], []
-    if site.mpi == "mpich":  # hydra forwards the whole environment by default
-        return ["mpirun", "-n", n, "-ppn", ppn, "-bind-to", f"core:{cores}" if site.binding else "none"], []
-    # Intel MPI: pinning by variables; a domain of `cores` cores' hardware threads per rank.
-    if site.binding:
-        return ["mpirun", "-n", n, "-ppn", ppn], [("I_MPI_PIN_DOMAIN", str(cores * s.threads_per_core))]
-    return ["mpirun", "-n", n, "-ppn", ppn], [("I_MPI_PIN", "0")]
+            return [*head, "--map-by", f"ppr:{ppn}:node:PE={cores}", "--bind-to", "core", *forward]
+        return [*head, "--map-by", f"ppr:{ppn}:node", "--bind-to", "none", *forward]
+    # MPICH's and Intel MPI's hydra: -genvlist forwards these alone, not the launcher pod's whole environment.
+    head = ["mpirun", "-f", HOSTFILE, "-n", n, "-ppn", ppn]
+    forward = ["-genvlist", ",".join(names)]
+    if site.mpi == "mpich":
+        return [*head, "-bind-to", f"core:{cores}" if site.binding else "none", *forward]
+    return [*head, *forward]  # Intel MPI: pinning by the variables of _extra_env
+
+
+def worker_requests(rm: RankMap, memory: str) -> tuple[tuple[str, str], ...]:
+    """A worker pod's CPU and memory, as requests and limits alike (Guaranteed QoS, which the kubelet's static
+    CPU manager needs to give the pod whole cores): the cores its ranks bind to, counted in Kubernetes CPUs
+    (hardware threads; the kubelet hands out whole cores, siblings included)."""
+    s, node = rm.shape, rm.profile.node
+    cpus = s.max_ranks_per_node * s.cpus_per_rank * node.threads_per_core
+    return (("cpu", str(cpus)), ("memory", memory))
 
 
 def _gpu_count(rm: RankMap) -> int:
@@ -159,10 +187,16 @@ def build(rm: RankMap, job: JobSpec, image: str | None = None) -> MpiJobPlan:
         )
     if site.mpi not in MPI_IMPLEMENTATIONS:
         raise ConfigError(f"site.mpi {site.mpi!r} cannot run here; allowed: {choices(MPI_IMPLEMENTATIONS)}")
+    if not k8s.worker_memory:
+        raise ConfigError(
+            f"profile {profile.name!r}: site.kubernetes.worker_memory is not set: give the memory a worker "
+            "pod may use (a Kubernetes quantity such as 200Gi), its request and limit"
+        )
     env = planner.job_env(rm, job, registry.scheduler("kubernetes"))
     env = [(k, first_worker(job.name) if k == "MASTER_ADDR" else v) for k, v in env]
-    launch, extra_env = mpirun_flags(rm, [k for k, _ in env])
-    env += extra_env
+    env += _extra_env(rm)
+    root = k8s.ssh_auth_mount_path.rstrip("/") == ROOT_SSH
+    launch = mpirun_flags(rm, [k for k, _ in env], root)
     wrapper = mpiexec_affinity.script(rm, LOCAL_RANK_VARS) if mpiexec_affinity.needed(rm) else None
     prefix = ["bash", "-c", wrapper, WRAPPER_NAME] if wrapper else []
     argvs = [[*launch, *prefix, *step.argv] for step in job.steps]
@@ -190,6 +224,8 @@ def build(rm: RankMap, job: JobSpec, image: str | None = None) -> MpiJobPlan:
         launcher_command=_launcher_command(argvs, [describe(step) for step in job.steps]),
         env=tuple(dict(env).items()),
         worker_resources=tuple(resources),
+        worker_requests=worker_requests(rm, k8s.worker_memory),
+        ssh_port=SSH_PORT if root else None,
         shm_size=k8s.shm_size,
         capabilities=k8s.capabilities,
         ssh_auth_mount_path=k8s.ssh_auth_mount_path,

@@ -6,7 +6,16 @@ from __future__ import annotations
 import re
 
 from hpcring.errors import SubmitError
-from hpcring.schedulers.jobstate import JobResult, run
+from hpcring.schedulers.jobstate import Active, JobResult, active, run
+
+# bjobs' STAT words (LSF's "Job states") by phase; RUN and the rest count as running.
+PHASES = {
+    "PEND": "pending",
+    "WAIT": "pending",
+    "PSUSP": "suspended",
+    "USUSP": "suspended",
+    "SSUSP": "suspended",
+}
 
 _ID = re.compile(r"Job <(\d+)> is submitted")
 
@@ -17,8 +26,8 @@ def job_id(stdout: str) -> str | None:
     return m.group(1) if m else None
 
 
-def state(job_id: str) -> JobResult | None:
-    """None while the job is pending or running; its final state and exit code once it has ended."""
+def state(job_id: str) -> JobResult | Active | None:
+    """Active while the job is pending or running; its final state and exit code once it has ended."""
     res = run(["bjobs", "-noheader", "-o", "stat exit_code", job_id])
     fields = res.stdout.split()
     if not fields:
@@ -29,4 +38,4 @@ def state(job_id: str) -> JobResult | None:
     if stat == "EXIT":
         code = fields[1] if len(fields) > 1 and fields[1].isdigit() else "1"
         return JobResult(job_id, stat, int(code) or 1)
-    return None
+    return active(stat, PHASES)

@@ -252,6 +252,7 @@ class KubernetesOptions:
     rdma_resources: tuple[tuple[str, int], ...] = ()  # device-plugin resources per worker pod
     shm_size: str | None = None  # sizeLimit of the memory-backed /dev/shm
     capabilities: tuple[str, ...] = ()  # added to the containers (IPC_LOCK for RDMA memory registration)
+    worker_memory: str | None = None  # memory request and limit of a worker pod (required to render)
     ssh_auth_mount_path: str = "/root/.ssh"
     clean_pod_policy: str = "Running"
     backoff_limit: int | None = None
@@ -259,6 +260,30 @@ class KubernetesOptions:
     node_selector: tuple[tuple[str, str], ...] = ()
     service_account: str | None = None
     image_pull_secrets: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Network:
+    """The site's documented network stack for GPU collectives (`site.network`): the OFI plugin for
+    NCCL/RCCL (modules, library paths, directives) and the variables the site gives for it; applied to jobs
+    whose ranks use GPUs, in place of the interconnect's generic defaults (interconnect.py)."""
+
+    modules: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+    library_paths: tuple[str, ...] = ()  # host path expressions put first on LD_LIBRARY_PATH
+    directives: tuple[str, ...] = ()  # batch directives in the scheduler's syntax
+    # GPU-aware MPI: its variables, set only when the rank program is known to link the MPI's GPU transfer
+    # library (Cray MPICH aborts at start otherwise); `gpu_aware_mpi` says it is (a job may say so too).
+    gpu_aware_env: tuple[tuple[str, str], ...] = ()
+    gpu_aware_mpi: bool = False
+
+
+@dataclass(frozen=True)
+class Retired:
+    """A system its site has taken out of service: profiles list marks it, scripts render with a warning."""
+
+    date: str
+    source: str
 
 
 @dataclass(frozen=True)
@@ -286,6 +311,7 @@ class Site:
     no_container_reason: str | None = None
     # "gpu": local rank i takes GPU i; "cores": local ranks numbered in core order (the slots are the same).
     rank_order: str = "gpu"
+    network: Network | None = None
 
     def partition(self, name: str | None) -> Partition | None:
         """The named partition, else the default one, else the first; None when the site lists none."""
@@ -310,3 +336,14 @@ class Profile:
     site: Site
     source: str
     digest: str
+    retired: Retired | None = None
+
+    @property
+    def retired_warning(self) -> str | None:
+        """One line for scripts and stderr when the system is retired, else None."""
+        if self.retired is None:
+            return None
+        return (
+            f"profile {self.name!r} describes a retired system (out of service since {self.retired.date}, "
+            f"{self.retired.source}); its jobs cannot run there"
+        )

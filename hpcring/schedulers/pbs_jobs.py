@@ -13,11 +13,21 @@ import json
 import re
 
 from hpcring.errors import SubmitError
-from hpcring.schedulers.jobstate import JobResult, run
+from hpcring.schedulers.jobstate import Active, JobResult, active, run
 
 _ID = re.compile(r"^\d+(\[\d*\])?(\.[A-Za-z0-9_.-]+)?$")
 _FIELD = re.compile(r"^\s*(job_state|Exit_status)\s*=\s*(\S+)", re.MULTILINE)
 ENDED = frozenset({"F", "X"})  # finished (job history), an array subjob that expired
+# job_state letters (PBS Pro's "Job States") by phase; R, E (exiting), B (array begun) count as running.
+PHASES = {
+    "Q": "pending",
+    "H": "pending",
+    "W": "pending",
+    "T": "pending",
+    "M": "pending",
+    "S": "suspended",
+    "U": "suspended",
+}
 # qstat's words for a job id the server no longer (or never) knew (it then exits 153, PBSE_UNKJOBID).
 _UNKNOWN = ("unknown job id", "job has finished")
 # What a qstat without `-F json` (older PBS Pro, Torque) says about the option.
@@ -42,10 +52,10 @@ def exit_code(status: int) -> int:
     return status
 
 
-def _result(job_id: str, fields: dict[str, str]) -> JobResult | None:
+def _result(job_id: str, fields: dict[str, str]) -> JobResult | Active:
     state = fields.get("job_state", "")
     if state not in ENDED:
-        return None
+        return active(state, PHASES)
     raw = fields.get("Exit_status")
     if raw is None or not raw.lstrip("-").isdigit():
         # Deleted before it ran: PBS records no exit status.
@@ -71,8 +81,9 @@ def _vanished(job_id: str, stderr: str) -> SubmitError:
     )
 
 
-def state(job_id: str) -> JobResult | None:
-    """None while the job is queued or running; its final state and exit code once it has ended."""
+def state(job_id: str) -> JobResult | Active | None:
+    """Active while the job is queued or running; its final state and exit code once it has ended; None when
+    the server did not answer this time."""
     res = run(["qstat", "-x", "-f", "-F", "json", job_id])
     if res.returncode == 0:
         return _result(job_id, _from_json(job_id, res.stdout))

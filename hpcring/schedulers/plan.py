@@ -68,6 +68,7 @@ class Plan:
     steps: tuple[StepPlan, ...]
     submit_argv: tuple[str, ...]
     module_paths: tuple[str, ...] = ()  # `module use` before the loads (a container runtime's module tree)
+    warnings: tuple[str, ...] = ()  # written as `# WARNING:` lines under the header (a retired system)
 
     @property
     def inline_files(self) -> tuple[ExtraFile, ...]:

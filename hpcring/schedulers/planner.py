@@ -4,7 +4,7 @@ launcher's command line for each step, the files it reads, and the container aro
 from __future__ import annotations
 
 from hpcring.errors import ConfigError, choices
-from hpcring.schedulers import container_engine, containers, interconnect, registry
+from hpcring.schedulers import container_engine, containers, interconnect, network, registry
 from hpcring.schedulers.interfaces import Scheduler
 from hpcring.schedulers.job import JobSpec, describe
 from hpcring.schedulers.mapping import RankMap
@@ -15,11 +15,15 @@ from hpcring.version import __version__
 
 
 def job_env(rm: RankMap, job: JobSpec, sched: Scheduler) -> list[tuple[str, str]]:
-    """The ranks' environment: interconnect defaults, then hpcring's rendezvous variables, then the site's
-    and the job's own (later wins). Shared by every scheduler's plan, the Kubernetes manifest included."""
+    """The ranks' environment: the site's network block (or, without one, the interconnect's defaults), then
+    hpcring's rendezvous variables, then the site's and the job's own (later wins). Shared by every
+    scheduler's plan, the Kubernetes manifest included."""
     profile, shape = rm.profile, rm.shape
     uses_gpus = shape.gpus_per_rank > 0
-    env: list[tuple[str, str]] = interconnect.env_for(profile.node, uses_gpus)
+    gpu_aware = network.gpu_aware(profile.site, profile.name, job.gpu_aware_mpi)
+    replaces, stack = network.job_env(profile.site, uses_gpus, gpu_aware)
+    env: list[tuple[str, str]] = [] if replaces else interconnect.env_for(profile.node, uses_gpus)
+    env += stack
     env += [
         ("MASTER_ADDR", sched.master_addr(rm)),
         ("MASTER_PORT", "29500"),
@@ -114,6 +118,8 @@ def build(
             argv = [argv[0], *ctr.launcher_args, *argv[1:]]  # `srun --environment=... <flags> command`
         steps.append(StepPlan(banner, tuple(argv)))
     s = rm.shape
+    uses_gpus = s.gpus_per_rank > 0
+    net_dirs = network.directives(site, uses_gpus)
     summary = (
         f"{s.nodes} node(s) x {s.max_ranks_per_node} rank(s) = {s.ranks} ranks, {s.gpus_per_rank} GPU(s) and "
         f"{s.cpus_per_rank} core(s) x {s.threads_per_core} thread(s) per rank, launcher {launch.name}"
@@ -128,9 +134,15 @@ def build(
         directive_prefix=sched.directive_prefix,
         directives=(
             *sched.directives(rm, job, account),
+            *(_extra_directive(d, sched.directive_prefix, "site.network.directives entry") for d in net_dirs),
             *(_extra_directive(d, sched.directive_prefix) for d in (ctr.directives if ctr else ())),
         ),
-        modules=(*site.modules, *(ctr.modules if ctr else ()), *job.modules),
+        modules=(
+            *site.modules,
+            *network.modules(site, uses_gpus),
+            *(ctr.modules if ctr else ()),
+            *job.modules,
+        ),
         module_paths=ctr.module_paths if ctr else (),
         env=tuple(job_env(rm, job, sched)),
         workdir=job.workdir,
@@ -138,12 +150,13 @@ def build(
         container=ctr,
         steps=tuple(steps),
         submit_argv=tuple(sched.submit_argv()),
+        warnings=(profile.retired_warning,) if profile.retired_warning else (),
     )
 
 
-def _extra_directive(text: str, prefix: str) -> Directive:
-    """A container-only directive ("-l a=b" or "--flag=value"), checked to stay on its line."""
-    return Directive.from_text(check_line_safe(text, "site.container.directives entry", prefix))
+def _extra_directive(text: str, prefix: str, what: str = "site.container.directives entry") -> Directive:
+    """A profile's extra directive ("-l a=b" or "--flag=value"), checked to stay on its line."""
+    return Directive.from_text(check_line_safe(text, what, prefix))
 
 
 def _edf_file(content: str, opts: RenderOptions, job_var: str) -> ExtraFile:

@@ -22,6 +22,7 @@ from hpcring.schedulers import (
     containers,
     cpuset,
     kubernetes_options,
+    network,
     safe_yaml,
     site_options,
     textfile,
@@ -36,6 +37,7 @@ from hpcring.schedulers.model import (
     NumaDomain,
     Partition,
     Profile,
+    Retired,
     Site,
     SlurmOptions,
 )
@@ -296,6 +298,7 @@ def _site(d: Mapping[str, Any], node: Node, where: str) -> Site:
         smt=smt,
         require_even_ranks=d.get("require_even_ranks", True),
         rank_order=d.get("rank_order", "gpu"),
+        network=network.from_profile(d.get("network"), sched, where),
         binding=d.get("binding", True),
         container=container,
         no_container_reason=d.get("no_container_reason"),
@@ -356,6 +359,10 @@ def _partition(p: Mapping[str, Any], i: int, sched: str, where: str) -> Partitio
     )
 
 
+def _retired(d: Mapping[str, Any] | None) -> Retired | None:
+    return None if d is None else Retired(str(d["date"]), d["source"])
+
+
 def build(data: Mapping[str, Any], where: str, text: str) -> Profile:
     """Cross-field checks and construction of the frozen model from schema-valid data."""
     node = _node(data["node"], where)
@@ -367,4 +374,5 @@ def build(data: Mapping[str, Any], where: str, text: str) -> Profile:
         site=site,
         source=text,
         digest=hashlib.sha256(text.encode("utf-8")).hexdigest(),
+        retired=_retired(data.get("retired")),
     )

@@ -3,14 +3,13 @@ scheduler's state query every `poll` seconds (`<scheduler>_jobs` modules, by sch
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 
 from hpcring.errors import SubmitError
 from hpcring.schedulers import flux_jobs, lsf_jobs, pbs_jobs, slurm_jobs
-from hpcring.schedulers.jobstate import JobResult, run
+from hpcring.schedulers.jobstate import Active, JobResult, OnChange, poll_until_end, run
 
-__all__ = ["JobResult", "submit", "wait"]
+__all__ = ["JobResult", "OnChange", "submit", "wait"]
 
 ID_PARSERS: dict[str, Callable[[str], str | None]] = {
     "slurm": slurm_jobs.job_id,
@@ -18,7 +17,7 @@ ID_PARSERS: dict[str, Callable[[str], str | None]] = {
     "pbs": pbs_jobs.job_id,
     "flux": flux_jobs.job_id,
 }
-STATES: dict[str, Callable[[str], JobResult | None]] = {
+STATES: dict[str, Callable[[str], JobResult | Active | None]] = {
     "slurm": slurm_jobs.state,
     "lsf": lsf_jobs.state,
     "pbs": pbs_jobs.state,
@@ -39,14 +38,14 @@ def submit(scheduler: str, argv: Sequence[str]) -> str:
     return job_id
 
 
-def wait(scheduler: str, job_id: str, poll: float = 0.5, timeout: float | None = None) -> JobResult:
-    """Poll until the job ends; its exit code is the job's (128+signal when killed)."""
-    state = STATES[scheduler]
-    start = time.monotonic()
-    while True:
-        result = state(job_id)
-        if result is not None:
-            return result
-        if timeout is not None and time.monotonic() - start > timeout:
-            raise SubmitError(f"job {job_id} still running after {timeout:.0f} s (it was left running)")
-        time.sleep(poll)
+def wait(
+    scheduler: str,
+    job_id: str,
+    poll: float = 0.5,
+    timeout: float | None = None,
+    on_change: OnChange | None = None,
+) -> JobResult:
+    """Poll until the job ends; its exit code is the job's (128+signal when killed). `on_change` hears each
+    change of phase (pending, running, suspended, then the final state) with the time spent in the last."""
+    query = STATES[scheduler]
+    return poll_until_end(lambda: query(job_id), f"job {job_id}", poll, timeout, on_change)

@@ -40,13 +40,17 @@ def skip_reason() -> str | None:
     return None
 
 
-def build_image(*args: str, timeout: int) -> subprocess.CompletedProcess[str]:
-    """`ci/build-image.sh ARGS`, killed after `timeout` seconds (its children too: `timeout -k`)."""
+def build_image(
+    *args: str, timeout: int, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`ci/build-image.sh ARGS`, killed after `timeout` seconds (its children too: `timeout -k`); `env` is
+    added to this process's environment."""
     return subprocess.run(
         ["timeout", "-k", "10", str(timeout), str(BUILD_IMAGE), *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
+        env={**os.environ, **(env or {})},
         check=False,
     )
 

@@ -1,4 +1,4 @@
-"""Static checks of the container images: hadolint on both Dockerfiles, our `.def` checker on the Apptainer
+"""Static checks of the container images: hadolint on the Dockerfiles, our `.def` checker on the Apptainer
 definition (and on broken ones, which it must reject with the right line), and consistency with pyproject.
 
 These run in well under a second; building the images is in test_image_build.py (opt-in: it needs podman).
@@ -17,6 +17,7 @@ import pytest
 import tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
+MPIJOB_DOCKERFILE = ROOT / "containers" / "Dockerfile.mpijob"
 DOCKERFILES = [ROOT / "containers" / "Dockerfile", ROOT / "containers" / "Dockerfile.cpu"]
 DEF = ROOT / "singularity" / "hpcring.def"
 DEFCHECK = ROOT / "ci" / "defcheck.py"
@@ -50,7 +51,7 @@ def torch_pin() -> str:
     return pins[0]
 
 
-@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+@pytest.mark.parametrize("dockerfile", [*DOCKERFILES, MPIJOB_DOCKERFILE], ids=lambda p: p.name)
 def test_dockerfile_is_hadolint_clean(dockerfile: Path) -> None:
     """No hadolint finding at warning level or above (the few justified ignores are inline and explained)."""
     out = subprocess.run(
@@ -93,6 +94,24 @@ def test_dockerfile_matches_project(dockerfile: Path) -> None:
             assert (ROOT / src).exists(), (
                 f"{dockerfile.name}: COPY source {src} is missing from the repository"
             )
+
+
+def test_mpijob_dockerfile_fits_the_rendered_mpijob() -> None:
+    """The MPIJob image is the CPU image (by the tag Dockerfile.cpu's header builds) plus sshd, as root: the
+    user the built-in Kubernetes profile's sshAuthMountPath (/root/.ssh) and the operator's worker command
+    (`/usr/sbin/sshd -De`, no -f) expect; ci/build-image.sh builds it FROM the image it built."""
+    from hpcring.schedulers import profile
+
+    text = MPIJOB_DOCKERFILE.read_text()
+    cpu_tag = re.search(
+        r"-f containers/Dockerfile.cpu -t (\S+) \.", (ROOT / "containers" / "Dockerfile.cpu").read_text()
+    )
+    assert cpu_tag and f"ARG BASE_IMAGE={cpu_tag.group(1)}" in text
+    assert re.findall(r"^USER (\S+)$", text, re.M)[-1] == "root"
+    assert "openssh-server" in text and "install -d -m 0755 /run/sshd" in text
+    assert profile.load("generic-k8s-gpu").site.kubernetes.ssh_auth_mount_path == "/root/.ssh"
+    build = (ROOT / "ci" / "build-image.sh").read_text()
+    assert '--build-arg "BASE_IMAGE=$IMAGE"' in build and "-f containers/Dockerfile.mpijob" in build
 
 
 def test_hpcring_def_passes_defcheck() -> None:

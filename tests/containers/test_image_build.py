@@ -22,7 +22,7 @@ from podman_images import BUILD_TIMEOUT, IMAGE, IMAGE_UID, Containers, output, r
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(BUILD_TIMEOUT + 600)]
 
 IN_IMAGE = Path(__file__).resolve().parent / "in_image"
-EPOCH = re.compile(r"^\[0\]<stdout>:epoch\s+(\d+)\s.*test accuracy ([0-9.]+)$", re.M)
+EPOCH = re.compile(r"^\[0\]<stdout>:epoch\s+(\d+)/\d+\s.*test accuracy ([0-9.]+)\s", re.M)
 
 
 def test_collectives_two_ranks_as_image_user(containers: Containers) -> None:

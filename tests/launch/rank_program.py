@@ -3,8 +3,11 @@
 Modes: `env` prints this rank's launcher variables as JSON; `lines N LEN` prints N long lines fast (to catch
 interleaving); `mpi` does a real MPI allreduce; `fail DIR RANK HOW` records pids (its own and a grandchild's)
 in DIR, then the given rank fails (HOW = exit code, or `kill` for SIGKILL) while the others wait to be ended;
-`wait DIR` records pids and waits (for signals sent to the launcher); `mpi-fail HOW RANK` makes RANK raise
-(HOW = raise) or sys.exit(HOW) after MPI_Init while the others wait in a barrier.
+`wait DIR` records pids and waits (for signals sent to the launcher); `tick DIR` records pids, then
+prints `tick N` every 0.1 s, each also appended to DIR/RANK.ticks once printed (what the launcher must
+show); `shm DIR HOW` initialises MPI, records pids and the shared-memory files it maps (DIR/RANK.maps),
+then ends as HOW says (`ok`: after a barrier; `fail`: rank 1 exits 3; `wait`: sleeps); `mpi-fail HOW RANK`
+makes RANK raise (HOW = raise) or sys.exit(HOW) after MPI_Init while the others wait in a barrier.
 """
 
 from __future__ import annotations
@@ -58,6 +61,26 @@ def record_pids(directory: str) -> None:
     Path(directory, f"{rank}.pids").write_text(f"{os.getpid()} {child.pid}\n")
 
 
+def shm_mode(directory: str, how: str, rank: int) -> None:
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    comm.allreduce(rank)  # every transport set up
+    record_pids(directory)
+    lines = Path("/proc/self/maps").read_text().splitlines()
+    maps = {line.split()[5] for line in lines if len(line.split()) == 6}
+    mine = sorted(p for p in maps if p.startswith(("/dev/shm/", os.environ.get("TMPDIR", "/tmp"))))
+    Path(directory, f"{rank}.maps").write_text("".join(f"{p}\n" for p in mine))
+    print("ready", flush=True)
+    if how == "ok":
+        comm.Barrier()
+        return
+    if how == "fail" and rank == 1:
+        time.sleep(0.5)
+        os._exit(3)
+    time.sleep(300)
+
+
 def main() -> None:
     mode = sys.argv[1]
     rank = int(os.environ["HPCRING_RANK"])
@@ -97,6 +120,17 @@ def main() -> None:
                 os.kill(os.getpid(), signal.SIGKILL)
             os._exit(int(how))
         time.sleep(300)
+    elif mode == "tick":
+        record_pids(sys.argv[2])
+        print("ready", flush=True)
+        with open(Path(sys.argv[2], f"{rank}.ticks"), "a") as log:
+            for i in range(3000):
+                print(f"tick {i}", flush=True)
+                log.write(f"tick {i}\n")
+                log.flush()
+                time.sleep(0.1)
+    elif mode == "shm":
+        shm_mode(sys.argv[2], sys.argv[3], rank)
     elif mode == "wait":
         record_pids(sys.argv[2])
         print("ready", flush=True)

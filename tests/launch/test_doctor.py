@@ -106,3 +106,25 @@ def test_shared_memory_directory_is_reported(tmp_path: Path) -> None:
     assert proc.returncode == 1, proc.stderr
     assert f"shm:      {tmp_path / 'none'} does not exist (the shm allreduce uses the ring)" in proc.stdout
     assert "set HPCRING_SHM_DIR to one every rank of a node shares" in proc.stdout
+
+
+def test_cray_gpu_mpi_check() -> None:
+    """On a Cray node (CRAY_MPICH_DIR set), the doctor reads the loaded mpi4py's MPI module and libmpi: the
+    wheels link no libmpi_gtl_*, so MPICH_GPU_SUPPORT_ENABLED=1 is reported as missing it (strict: 1)."""
+    base = {**os.environ, "CRAY_MPICH_DIR": "/opt/cray/pe/mpich/9.0.1"}
+    base.pop("MPICH_GPU_SUPPORT_ENABLED", None)
+    for env, code in ((base, 0), ({**base, "MPICH_GPU_SUPPORT_ENABLED": "1"}, 1)):
+        proc = subprocess.run(
+            ["timeout", "120", sys.executable, "-m", "hpcring", "doctor", "--json", "--strict"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert proc.returncode == code, proc.stderr
+        check = as_json(proc.stdout)["cray_gpu_mpi"]
+        assert check["cray"] == "CRAY_MPICH_DIR=/opt/cray/pe/mpich/9.0.1" and check["linked"] is False
+        names = {Path(p).name for p in check["objects"]}
+        assert "libmpi.so.40" in names and any(n.startswith("MPI.openmpi") for n in names)
+    assert as_json(proc.stdout)["missing"][0]["what"] == "a program Cray MPICH can start with GPU support"

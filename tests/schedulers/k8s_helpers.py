@@ -1,9 +1,8 @@
 """Helpers for the Kubernetes tests: MPIJob plans from the built-in profile (or a variant of it), and the
-kubelet's `$(VAR)` expansion, written from Kubernetes' documented rule, to read a manifest as a pod would."""
+kubelet's `$(VAR)` expansion (tests/kubelet.py) to read a manifest as a pod would."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +13,6 @@ from hpcring.schedulers.job import JobSpec, Step
 from hpcring.schedulers.model import Profile
 
 PROFILE = "generic-k8s-gpu"
-_VAR = re.compile(r"\$(\$|\(([A-Za-z_][A-Za-z0-9_]*)\))")
 
 
 def variant(mpi: str = "openmpi", binding: bool = True, extra: str = "") -> Profile:
@@ -41,19 +39,6 @@ def manifest(p: kubernetes_plan.MpiJobPlan) -> dict[str, Any]:
     assert len(docs) == 1
     obj: dict[str, Any] = docs[0]
     return obj
-
-
-def kubelet_expand(text: str, env: dict[str, str]) -> str:
-    """What a container sees of a command/args/env string: `$$` -> `$`, `$(NAME)` -> NAME's value when the
-    container defines NAME, else left as written (Kubernetes API reference, Container.command/args/env)."""
-
-    def one(m: re.Match[str]) -> str:
-        if m.group(1) == "$":
-            return "$"
-        name = m.group(2)
-        return env[name] if name in env else m.group(0)
-
-    return _VAR.sub(one, text)
 
 
 def containers(obj: dict[str, Any], role: str) -> list[dict[str, Any]]:

@@ -54,6 +54,13 @@ NASTY = [
 ]
 
 
+def _image(prof: Any, payload: str) -> str:
+    """An image the site's runtime takes: a SquashFS file for CSCS's Container Engine (which refuses .sif),
+    an Apptainer image elsewhere."""
+    engine = prof.site.container is not None and prof.site.container.runtime == "container-engine"
+    return f"/img/{payload}.sqsh" if engine else f"/img/{payload}.sif"
+
+
 @pytest.fixture
 def sandbox(tmp_path: Path) -> dict[str, Any]:
     bin_dir = tmp_path / "bin"
@@ -368,7 +375,7 @@ def _hostile_scripts(tmp: Path) -> list[Path]:
             script.write_text(render_plan(make_plan(name, **job)))
             scripts.append(script)
             if prof.site.container is not None:  # the same job in the site's container too
-                job.update(image=f"/img/{payload}.sif", binds=(f"/data/{payload}:/d",))
+                job.update(image=_image(prof, payload), binds=(f"/data/{payload}:/d",))
                 script = tmp / f"{name}-{i}-container.sh"
                 script.write_text(render_plan(make_plan(name, **job)))
                 scripts.append(script)
@@ -418,7 +425,7 @@ def test_every_launcher_shellcheck_clean_with_hostile_fields(tmp_path: Path) -> 
                         env=(("PAYLOAD", payload),),
                         modules=(payload,),
                         workdir=f"/work/{payload}",
-                        image=f"/img/{payload}.sif" if ctr else None,
+                        image=_image(prof, payload) if ctr else None,
                         binds=(f"/data/{payload}:/d",) if ctr else (),
                         steps=(Step(("python3", payload)), Step(("true", f"--opt={payload}"))),
                     )

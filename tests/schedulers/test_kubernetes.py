@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import subprocess
 import sys
 from importlib import resources
@@ -15,7 +16,8 @@ from typing import Any
 
 import pytest
 import yaml
-from k8s_helpers import PROFILE, containers, kubelet_expand, manifest, plan, variant, write_exe
+from k8s_helpers import PROFILE, containers, manifest, plan, variant, write_exe
+from kubelet import kubelet_expand
 
 from hpcring.errors import ConfigError, ProfileError
 from hpcring.schedulers import kubernetes_crd, kubernetes_manifest, mapping, profile
@@ -57,19 +59,39 @@ def test_manifest_for_shape_matches_crd_and_mapping(
     (launcher,) = containers(obj, "Launcher")
     (worker,) = containers(obj, "Worker")
     cmd = launcher["command"]
-    assert cmd[:3] == ["mpirun", "-n", str(s.ranks)]
+    env_names = [e["name"] for e in launcher["env"]]
     if mpi == "openmpi":
+        # PRRTE reads the operator's hostfile only from the command line; the pods run as root (/root/.ssh).
+        assert cmd[:6] == [
+            "mpirun",
+            "--hostfile",
+            "/etc/mpi/hostfile",
+            "--allow-run-as-root",
+            "-n",
+            str(s.ranks),
+        ]
         pe = f":PE={s.cpus_per_rank}" if binding else ""
-        assert cmd[3:7] == [
+        assert cmd[6:10] == [
             "--map-by",
             f"ppr:{s.max_ranks_per_node}:node{pe}",
             "--bind-to",
             "core" if binding else "none",
         ]
         forwarded = [cmd[i + 1] for i, w in enumerate(cmd) if w == "-x"]
-        assert forwarded == [e["name"] for e in launcher["env"]]
+        assert forwarded == ["PATH", "LD_LIBRARY_PATH", *env_names]
     else:
-        assert cmd[3:5] == ["-ppn", str(s.max_ranks_per_node)]
+        assert cmd[:7] == [
+            "mpirun",
+            "-f",
+            "/etc/mpi/hostfile",
+            "-n",
+            str(s.ranks),
+            "-ppn",
+            str(s.max_ranks_per_node),
+        ]
+        assert "--allow-run-as-root" not in cmd  # hydra has no such check
+        listed = cmd[cmd.index("-genvlist") + 1].split(",")
+        assert listed == ["PATH", "LD_LIBRARY_PATH", *env_names]
     env = {e["name"]: e["value"] for e in launcher["env"]}
     assert env["MASTER_ADDR"] == "hpcring-worker-0.hpcring"
     if mpi == "intel-mpi":
@@ -79,6 +101,16 @@ def test_manifest_for_shape_matches_crd_and_mapping(
     assert cmd[-2:] == ["python", "train.py"]
     limits = worker["resources"]["limits"]
     assert limits["rdma/rdma_shared_device_a"] == 1
+    # Requests = limits for CPU and memory (Guaranteed): the ranks' cores, both hardware threads of each.
+    cpus = str(s.max_ranks_per_node * s.cpus_per_rank * prof.node.threads_per_core)
+    assert worker["resources"]["requests"] == {"cpu": cpus, "memory": "900Gi"}
+    assert {k: limits[k] for k in ("cpu", "memory")} == worker["resources"]["requests"]
+    assert (
+        launcher["resources"]["requests"] == launcher["resources"]["limits"] == {"cpu": "1", "memory": "2Gi"}
+    )
+    assert "command" not in worker and "args" not in worker  # the operator's `/usr/sbin/sshd -De`
+    assert worker["readinessProbe"]["tcpSocket"] == {"port": 22}
+    assert job["launcherCreationPolicy"] == "WaitForWorkersReady"
     if s.gpus_per_rank:
         assert limits["nvidia.com/gpu"] == 8  # the whole node: the profile's GPU numbers are the pod's
         assert "-c" in cmd and cmd[cmd.index("-c") + 2] == "hpcring-affinity"
@@ -87,7 +119,7 @@ def test_manifest_for_shape_matches_crd_and_mapping(
     shm = obj["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["volumes"]
     assert shm == [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "64Gi"}}]
     assert worker["volumeMounts"] == [{"name": "dshm", "mountPath": "/dev/shm"}]
-    assert worker["securityContext"] == {"capabilities": {"add": ["IPC_LOCK"]}}
+    assert "securityContext" not in worker and "securityContext" not in launcher  # baseline admits it
     assert job["runPolicy"] == {"cleanPodPolicy": "Running", "backoffLimit": 0}
 
 
@@ -269,7 +301,8 @@ PROFILE_ERRORS = [
     (("scheduler: kubernetes", "scheduler: k8s"), "", "site.scheduler: 'k8s' is not allowed; allowed: "),
     (("clean_pod_policy: Running", "clean_pod_policy: Always"), "", "allowed: 'None', 'Running' or 'All'"),
     (None, "    replicas: 3\n", "unknown key 'replicas'; allowed keys: "),
-    (("capabilities: [IPC_LOCK]", "capabilities: [SYS_ADMIN]"), "", "site.kubernetes.capabilities[0]"),
+    (None, "    capabilities: [SYS_ADMIN]\n", "site.kubernetes.capabilities[0]"),
+    (("worker_memory: 900Gi", "worker_memory: lots"), "", "site.kubernetes.worker_memory"),
     (("rdma/rdma_shared_device_a: 1", "rdma/rdma_shared_device_a: 0"), "", "rdma_resources"),
     (("shm_size: 64Gi", "shm_size: lots"), "", "site.kubernetes.shm_size"),
     (("mpi: openmpi", "mpi: spectrum-mpi"), "", "allowed with kubernetes: 'openmpi', 'intel-mpi' or 'mpich'"),
@@ -336,3 +369,44 @@ def test_gpu_resource_and_visibility_follow_the_vendor(vendor: str, resource: st
     assert containers(obj, "Worker")[0]["resources"]["limits"][resource] == 8
     wrapper = containers(obj, "Launcher")[0]["command"]
     assert any(f'export {variable}="$$devices"' in word for word in wrapper)
+
+
+def test_worker_memory_is_required_to_render() -> None:
+    """Without it a namespace's LimitRange default (often far below a training job's need) would apply."""
+    text = profile.source_of(PROFILE)[1].replace("    worker_memory: 900Gi\n", "")
+    with pytest.raises(ConfigError, match=r"site\.kubernetes\.worker_memory is not set"):
+        plan(profile.parse(text, "p.yaml"), nodes=2)
+
+
+@pytest.mark.parametrize("path", ["/home/hpc/.ssh", "/root/.ssh/"])
+def test_root_follows_the_ssh_mount_path(path: str) -> None:
+    """/root/.ssh (the operator's default, compared exactly by it): pods run as root, so Open MPI gets
+    --allow-run-as-root and the workers a probe on root's sshd. Any other home: neither."""
+    text = profile.source_of(PROFILE)[1].replace(
+        "ssh_auth_mount_path: /root/.ssh", f"ssh_auth_mount_path: {path}"
+    )
+    obj = manifest(plan(profile.parse(text, "p.yaml"), nodes=2))
+    assert kubernetes_crd.errors(obj) == []
+    root = path.startswith("/root/")
+    assert obj["spec"]["sshAuthMountPath"] == path.rstrip("/")
+    assert ("--allow-run-as-root" in _launcher(obj)["command"]) is root
+    assert ("readinessProbe" in containers(obj, "Worker")[0]) is root
+
+
+def test_capabilities_only_when_the_profile_asks() -> None:
+    obj = manifest(plan(variant(extra="    capabilities: [IPC_LOCK]\n"), nodes=2))
+    assert kubernetes_crd.errors(obj) == []
+    for role in ("Launcher", "Worker"):
+        assert containers(obj, role)[0]["securityContext"] == {"capabilities": {"add": ["IPC_LOCK"]}}
+
+
+def test_golden_mpijob() -> None:
+    """The whole manifest of the built-in template (2 nodes, Open MPI) as reviewed, in
+    golden/generic-k8s-gpu-mpijob.yaml. `HPCRING_UPDATE_GOLDEN=1` rewrites it after an intended change (the
+    profile's digest is in it)."""
+    text = kubernetes_manifest.render(plan(nodes=2, image="registry.example/hpcring:mpijob"))
+    golden = ROOT / "tests" / "schedulers" / "golden" / "generic-k8s-gpu-mpijob.yaml"
+    if os.environ.get("HPCRING_UPDATE_GOLDEN") == "1":
+        golden.write_text(text)
+    assert golden.exists(), f"missing golden file {golden}; run with HPCRING_UPDATE_GOLDEN=1"
+    assert text == golden.read_text()

@@ -15,7 +15,8 @@ from typing import Any
 import hypothesis.strategies as st
 import pytest
 from hypothesis import given
-from k8s_helpers import containers, kubelet_expand, manifest, plan, write_exe
+from k8s_helpers import containers, manifest, plan, write_exe
+from kubelet import kubelet_expand
 
 from hpcring.errors import ConfigError
 from hpcring.schedulers import kubernetes_crd

@@ -129,6 +129,7 @@ def test_submit_wait_runs_kubectl_apply_then_polls_the_mpijob(tmp_path: Path, en
 
 def test_namespace_of_the_profile_reaches_kubectl_get(tmp_path: Path) -> None:
     from hpcring.schedulers import kubernetes_jobs
+    from hpcring.schedulers.jobstate import Active
 
     assert kubernetes_jobs.get_argv("kubectl", "train", "ml") == [
         "kubectl",
@@ -141,6 +142,7 @@ def test_namespace_of_the_profile_reaches_kubectl_get(tmp_path: Path) -> None:
         "json",
     ]
     running = json.dumps({"status": {"conditions": [{"type": "Running", "status": "True"}]}})
-    assert kubernetes_jobs.state("train", running) is None
+    assert kubernetes_jobs.state("train", running) == Active("Running", "running")
     done = json.dumps({"status": {"conditions": [{"type": "Failed", "status": "False"}]}})
-    assert kubernetes_jobs.state("train", done) is None  # a condition that is not true ends nothing
+    # a condition that is not true ends nothing: the job is still only created
+    assert kubernetes_jobs.state("train", done) == Active("Created", "pending")

@@ -144,7 +144,9 @@ def test_walltime_bins_allow_longer_jobs_for_bigger_allocations() -> None:
 
 def test_unknown_partition_lists_choices() -> None:
     with pytest.raises(
-        ConfigError, match=r"unknown partition 'gpu' on 'perlmutter-gpu'; allowed: 'regular' or 'debug'"
+        ConfigError,
+        match=r"unknown partition 'gpu' on 'perlmutter-gpu'; allowed: 'regular', 'debug', 'shared', "
+        r"'preempt', 'premium' or 'overrun'",
     ):
         build("perlmutter-gpu", partition="gpu")
 

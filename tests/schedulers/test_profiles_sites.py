@@ -60,12 +60,13 @@ def test_lumi_c_ccd_spread() -> None:
 def test_polaris_device_affinity_table() -> None:
     """docs.alcf.anl.gov/polaris/hardware-overview/machine-overview/, "Polaris Device Affinity Information":
     GPU0 24-31,56-63; GPU1 16-23,48-55; GPU2 8-15,40-47; GPU3 0-7,32-39; mlx5_0 beside GPU3, mlx5_1 beside
-    GPU1. (The running-jobs page's script gives local rank i GPU 3-i with cores 8i..8i+7: the same pairs.)"""
+    GPU1 (the table's Slingshot-10 names: the Slingshot-11 adapters are hsn0 and hsn1, polaris.yaml). (The
+    running-jobs page's script gives local rank i GPU 3-i with cores 8i..8i+7: the same pairs.)"""
     table = {0: "24-31,56-63", 1: "16-23,48-55", 2: "8-15,40-47", 3: "0-7,32-39"}
     slots = _slots("polaris", threads_per_core=2)
     assert {s.gpus[0]: s.cpus for s in slots} == {g: cpuset.parse(c) for g, c in table.items()}
     nic_of = {s.gpus[0]: s.nic for s in slots}
-    assert nic_of[3] == "mlx5_0" and nic_of[1] == "mlx5_1"
+    assert nic_of[3] == "hsn0" and nic_of[1] == "hsn1"
 
 
 def test_aurora_tile_binding() -> None:

@@ -136,7 +136,9 @@ def test_plan_numbers() -> None:
     (step,) = p.steps
     assert "--gpu-bind=closest" in step.argv and step.argv[-4:] == TRAIN
     env = dict(p.env)
-    assert env["FI_PROVIDER"] == "cxi" and env["MPICH_GPU_SUPPORT_ENABLED"] == "1"
+    # Frontier's network block (OLCF's rccl-net-plugin page), no GPU-aware MPI unless the job asks for it.
+    assert env["NCCL_SOCKET_IFNAME"] == "hsn0,hsn1,hsn2,hsn3" and "MPICH_GPU_SUPPORT_ENABLED" not in env
+    assert "rccl-net-plugin" in p.modules and flags["--network"] == "disable_rdzv_get"
     assert p.directive_prefix == "#SBATCH" and p.submit_argv == ("sbatch", "--parsable")
     summit, text = _render("summit-lsf")
     assert {d.flag: d.value for d in summit.directives}["-alloc_flags"] == "smt4"

@@ -102,7 +102,10 @@ def test_lumi_g_binding_is_the_documented_one() -> None:
     text = _render("lumi-g-slurm")
     masks = "0xfe000000000000,0xfe00000000000000,0xfe0000,0xfe000000,0xfe,0xfe00,0xfe00000000,0xfe0000000000"
     assert f"--cpu-bind=mask_cpu:{masks}" in text
-    assert "singularity exec --rocm --bind /scratch/project_465000000" in _render("lumi-g-container")
+    ctr = _render("lumi-g-container")
+    # LUMI's PyTorch page: /appl bound, the aws-ofi-rccl plugin's directory first in the image's library path.
+    assert "singularity exec --rocm --bind /appl" in ctr and "--bind /scratch/project_465000000 " in ctr
+    assert '--env LD_LIBRARY_PATH="${EBROOTAWSMINOFIMINRCCL}"/lib:' in ctr
 
 
 def test_aurora_ranks_see_their_tile() -> None:

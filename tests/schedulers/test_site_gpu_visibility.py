@@ -67,7 +67,10 @@ def test_lumi_g_job_as_lumig_job_page(tmp_path: Path) -> None:
     assert f"--cpu-bind={LUMI_MAP_CPU}" in words
     assert not any(w.startswith(("--gpu-bind", "--gpus-per-task")) for w in words)
     assert words[-3:] == ["bash", "$HPCRING_AFFINITY", "./app"]
-    assert "export MPICH_GPU_SUPPORT_ENABLED=1" in text.splitlines()  # the page's export
+    # The page's export is for programs linked with the GPU transfer library: only on request.
+    assert "MPICH_GPU_SUPPORT_ENABLED" not in text
+    aware = make_plan("lumi-g", nodes=2, account="p", command=["./app"], gpu_aware_mpi=True)
+    assert "export MPICH_GPU_SUPPORT_ENABLED=1" in render_plan(aware).splitlines()
     content = make_plan("lumi-g", nodes=2, account="p", command=["./app"]).files[0].content
     check_shellcheck(tmp_path, content, "affinity.sh")
     for local in range(8):

@@ -57,6 +57,9 @@ def test_digits_reaches_95_percent(hpcring_run: RunRanks, tmp_path: Path, np: in
     assert result["test_accuracy"] >= 0.95, result
     assert sorted(p.name for p in checkpoint.parent.iterdir()) == ["metrics.json", "model.pt"]
     assert proc.stdout.count("test accuracy") == 12  # one line per epoch, from rank 0 only
+    done = [line for line in proc.stdout.splitlines() if "]<stdout>:done: " in line]
+    assert len(done) == 1 and f"12 epochs on {np} ranks" in done[0] and "samples/s" in done[0], done
+    assert f"final accuracy {result['test_accuracy']:.4f}" in done[0]
     state = torch.load(checkpoint, weights_only=True)
     assert state["epoch"] == 12 and "state" in state["optimizer"]
     assert _accuracy_of_checkpoint(checkpoint) == pytest.approx(result["test_accuracy"], abs=1e-9)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -54,13 +56,27 @@ ROWS = [
 
 
 def test_table_and_json(tmp_path: Path) -> None:
-    table = bench.format_table(ROWS).splitlines()
-    assert table[0].startswith("#") and "busbw(GB/s)" in table[0] and "#wrong" in table[0]
-    assert table[1].split() == ["1024", "256", "float32", "mpi4py-raw", "10.0", "0.100", "0.150", "0"]
+    rows = bench.with_ratios(ROWS)
+    table = bench.format_table(rows).splitlines()
+    assert table[0].split()[-3:] == ["busbw(GB/s)", "vs-raw", "#wrong"]
+    assert table[1].split() == [
+        "1024",
+        "256",
+        "float32",
+        "mpi4py-raw",
+        "10.0",
+        "0.100",
+        "0.150",
+        "1.00x",
+        "0",
+    ]
+    assert table[2].split()[-2:] == ["0.80x", "0"]  # raw's 10 us against ring's 12.5 us at the same size
+    assert table[3].split()[-2:] == ["-", "0"]  # no raw row at 2048 bytes
     out = tmp_path / "r.json"
-    bench.write_json(out, ROWS, {"ranks": 4})
+    bench.write_json(out, rows, {"ranks": 4})
     data = json.loads(out.read_text())
     assert data["ranks"] == 4 and data["results"][1]["algorithm"] == "ring"
+    assert [r["vs_raw"] for r in data["results"]] == [1.0, 0.8, None]
 
 
 def test_plot_writes_png(tmp_path: Path) -> None:
@@ -87,3 +103,50 @@ def test_cli_flags_and_environment_defaults(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setenv("HPCRING_BENCH_JSON", "out.json")
     args = _parse(["allreduce"])
     assert (args.iters, args.algorithms, args.json) == (7, "native", "out.json")
+
+
+def test_cells_skip_raw_for_half_types_and_shm_across_nodes() -> None:
+    plan = bench.cells([2, 8], ["float32", "float16"], ["ring", "shm"], raw=True, one_node=False)
+    assert plan == [
+        ("float32", 2, "mpi4py-raw"),  # 8 bytes: 2 float32 (2 bytes hold none, so that size is skipped)
+        ("float32", 2, "ring"),
+        ("float16", 1, "ring"),  # raw MPI has no half types
+        ("float16", 4, "ring"),
+    ]
+    assert ("float32", 2, "shm") in bench.cells([8], ["float32"], ["shm"], raw=False, one_node=True)
+
+
+def _bench_argv() -> list[str]:
+    sweep = ["-b", "8", "-e", "2K", "-f", "16", "-n", "2"]
+    return [sys.executable, "-m", "hpcring", "bench", "allreduce", *sweep]
+
+
+def test_progress_bar_only_on_a_terminal_and_cleared() -> None:
+    import fcntl
+    import os
+    import pty
+    import struct
+    import termios
+
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+    proc = subprocess.Popen(_bench_argv(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=follower)
+    os.close(follower)
+    shown = b""
+    while True:
+        try:
+            chunk = os.read(leader, 4096)
+        except OSError:  # EIO: the command ended
+            break
+        if not chunk:
+            break
+        shown += chunk
+    os.close(leader)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, shown.decode(errors="replace")
+    text = shown.decode(errors="replace")
+    assert "/15 [" in text and "cell/s" in text  # 3 sizes x (raw + 4 algorithms)
+    assert text.rstrip("\r").split("\r")[-1].strip() == ""  # the bar's line is blanked at the end
+    assert "cell/s" not in out.decode()
+    piped = subprocess.run(_bench_argv(), capture_output=True, text=True, timeout=60)
+    assert piped.returncode == 0 and "cell/s" not in piped.stderr

@@ -37,11 +37,15 @@ FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "hpcring.horovod_env",
             "hpcring.contracts",
             "hpcring.files",
+            "hpcring.durations",
         ),
     ),
     ("collectives and job scripts", ("hpcring.collective", "hpcring.schedulers")),
     ("engine and launcher", ("hpcring.engine", "hpcring.launch")),
-    ("frameworks and tools", ("hpcring.torch", "hpcring.bench", "hpcring.diagnostics")),
+    (
+        "frameworks and tools",
+        ("hpcring.torch", "hpcring.bench", "hpcring.diagnostics", "hpcring.cray_gtl", "hpcring.elf_needed"),
+    ),
     ("executors", ("hpcring.ray", "hpcring.spark", "hpcring.horovod_alias")),
     ("faces", ("hpcring.cli", "hpcring.__main__", "hpcring")),
 )

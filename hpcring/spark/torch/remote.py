@@ -21,6 +21,7 @@ from typing import Any
 from hpcring.files import write_whole
 from hpcring.spark.common.prepare import Column
 from hpcring.spark.common.shards import read_shard
+from hpcring.spark.torch.epoch_line import format_epoch, metric_names
 
 
 @dataclass(frozen=True)
@@ -249,7 +250,8 @@ def train(
         if rank == 0 and spec.checkpoint_file:
             write_whole(spec.checkpoint_file, _checkpoint(spec, model, optimizer, size, epoch))
         if spec.verbose and rank == 0:
-            print(f"epoch {epoch}: {entry}", flush=True)
+            shown = metric_names(sums.groups, spec.label_cols)
+            print(format_epoch(epoch, first + spec.epochs - 1, entry, epoch_s[-1], shown), flush=True)
         for callback in callbacks:
             callback(epoch, entry)
     last = first + spec.epochs - 1

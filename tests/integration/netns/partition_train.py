@@ -1,7 +1,8 @@
 """Training that a fault interrupts, for test_partition.py: `python partition_train.py MARKER [SECONDS]`.
 
 A DistributedOptimizer loop of small steps (a 16 -> 1 linear model, 0.05 s apart) that would run for SECONDS
-(default 240). Each rank first prints `READY rank host pid`, then `STEP n` lines, so the test knows where
+(default 240). Each rank first prints `READY rank host pid` and `SHM rank PATHS` (the shared-memory files it
+maps, comma-separated), then `STEP n` lines, so the test knows where
 every rank runs and when training is under way. MARKER is only there to be found in the processes' argv.
 """
 
@@ -18,6 +19,9 @@ import hpcring.torch as hvd
 
 hvd.init()
 print(f"READY {hvd.rank()} {socket.gethostname()} {os.getpid()}", flush=True)
+with open("/proc/self/maps") as maps:
+    shm = sorted({line.split()[5] for line in maps if len(line.split()) == 6 and "/dev/shm/" in line})
+print(f"SHM {hvd.rank()} {','.join(shm)}", flush=True)
 torch.manual_seed(0)
 model = torch.nn.Linear(16, 1)
 opt = hvd.DistributedOptimizer(

@@ -7,7 +7,9 @@ each, a DistributedOptimizer loop of small steps (partition_train.py) under `hpc
 
 - `hpcring run` exits non-zero within the timeout + 30 s, naming the second node (or the stopped rank there);
 - within 30 s more, no process is left in either node's namespace (launcher, prterun/prted or hydra, rank
-  wrappers, ranks), nor anywhere a process carrying the job's marker.
+  wrappers, ranks), nor anywhere a process carrying the job's marker; when the link goes down, MPI and
+  hpcring leave nothing in the launcher's TMPDIR (the test's own folder), nor a shared-memory file that a
+  rank mapped (issue 35).
 
 Before the fault the test also checks, across both nodes, that the job's secret is on no command line (the
 remote daemons are started through the ssh stand-in, whose command line is where a secret would leak).
@@ -33,6 +35,7 @@ from netns_cluster import ON_NODE, RSH, cluster_sh, flavour_python, reap_stale, 
 PROGRAM = str(Path(__file__).with_name("partition_train.py"))
 TIMEOUT_S = 20  # --collective-timeout for these jobs; a node is lost after half of it (launch/liveness.py)
 MPICH_OVER_VETH = {"MPIR_CVAR_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp", "FI_TCP_IFACE": "eth0"}
+MPI_TEMP = ("ompi.", "prte", "pmix", "hydra", "hpcring-job-")  # what MPI launchers and hpcring put in TMPDIR
 # Not the ranked site's `ht<pid>n`: both may run in one session.
 PREFIX = f"hp{os.getpid()}n"
 
@@ -73,6 +76,7 @@ class Job:
     out: list[str] = field(default_factory=list)
     err: list[str] = field(default_factory=list)
     ready: dict[int, tuple[str, int]] = field(default_factory=dict)  # rank -> (host, pid)
+    shm: list[str] = field(default_factory=list)  # shared-memory files the ranks map
     steps: int = 0
 
     def pump(self) -> None:
@@ -83,6 +87,8 @@ class Job:
             body = line.split(":", 1)[-1].split()
             if body[:1] == ["READY"]:
                 self.ready[int(body[1])] = (body[2], int(body[3]))
+            elif body[:1] == ["SHM"] and len(body) > 2:
+                self.shm += body[2].split(",")
             elif body[:1] == ["STEP"] and line.startswith("[1]"):
                 self.steps = int(body[1])
 
@@ -95,7 +101,9 @@ class Job:
         return "".join(self.err)
 
 
-def start(first: str, second: str, flavour: str, extra: tuple[str, ...] = ()) -> Job:
+def start(
+    first: str, second: str, flavour: str, extra: tuple[str, ...] = (), tmpdir: Path | None = None
+) -> Job:
     py = flavour_python(flavour)
     if py is None:
         pytest.skip(f"no {flavour} environment")
@@ -104,6 +112,8 @@ def start(first: str, second: str, flavour: str, extra: tuple[str, ...] = ()) ->
     argv += ["-H", f"{first}:1,{second}:1", "--rsh-agent", str(RSH), "--yield-when-idle", "on"]
     argv += ["--collective-timeout", str(TIMEOUT_S), *extra, "--", py, PROGRAM, marker]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **(MPICH_OVER_VETH if flavour == "mpich" else {})}
+    if tmpdir is not None:
+        env["TMPDIR"] = str(tmpdir)
     proc = subprocess.Popen(
         ["timeout", "-k", "5", "300", *argv],
         env=env,
@@ -149,9 +159,9 @@ def check_secret_across_nodes(job: Job) -> None:
 
 
 @pytest.mark.parametrize("flavour", ["openmpi", "mpich"])
-def test_link_down_ends_the_job_naming_the_node(nodes: tuple[str, str], flavour: str) -> None:
+def test_link_down_ends_the_job_naming_the_node(nodes: tuple[str, str], flavour: str, tmp_path: Path) -> None:
     first, second = nodes
-    job = start(first, second, flavour)
+    job = start(first, second, flavour, tmpdir=tmp_path)
     wait_training(job)
     assert job.ready[1][0] == second, job.ready
     check_secret_across_nodes(job)
@@ -164,6 +174,9 @@ def test_link_down_ends_the_job_naming_the_node(nodes: tuple[str, str], flavour:
     assert job.proc.returncode not in (0, 124, 137), err
     # Named after the silence timeout, or sooner when MPI noticed the lost peer first and a rank failed.
     assert re.search(rf"hpcring run: node {second} \(rank 1\) not heard from for \d+ s", err), err
+    mpi_files = [p for p in tmp_path.iterdir() if p.name.startswith(MPI_TEMP)]  # not the ranks' own files
+    assert not mpi_files, f"left in TMPDIR: {list(tmp_path.rglob('*'))}"
+    assert not [p for p in job.shm if os.path.exists(p)], f"shared memory left: {job.shm}"
     print(f"\n[partition] {flavour}: link down -> exit {exited:.1f} s, nothing left at {clean:.1f} s")
 
 

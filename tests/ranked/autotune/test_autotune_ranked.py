@@ -71,4 +71,4 @@ def test_every_rank_ends_with_rank_zeros_choice(
     rows = list(csv.DictReader(Path(log_path).read_text().splitlines()))
     assert rows[-1]["phase"] == "chosen" and int(rows[-1]["fusion_threshold_bytes"]) == in_force[0]
     assert [row["phase"] for row in rows].count("warmup") == options.warmup_samples
-    assert all(float(row["bytes_per_second"]) > 0 for row in rows[:-1])
+    assert all(float(row["steps_per_second"]) > 0 for row in rows[:-1])

@@ -12,7 +12,7 @@
 #BSUB -o hpcring.%J.out
 set -euo pipefail
 
-# Environment: interconnect defaults, rendezvous, site, job.
+# Environment: network stack (the site's, or interconnect defaults), rendezvous, site, job.
 MASTER_ADDR="$(head -n 1 "$LSB_DJOB_HOSTFILE")"
 export MASTER_ADDR
 export MASTER_PORT=29500

@@ -15,7 +15,7 @@ set -euo pipefail
 # Modules (the site's, then the job's).
 module load gcc/12
 
-# Environment: interconnect defaults, rendezvous, site, job.
+# Environment: network stack (the site's, or interconnect defaults), rendezvous, site, job.
 MASTER_ADDR="$(head -n 1 "$LSB_DJOB_HOSTFILE")"
 export MASTER_ADDR
 export MASTER_PORT=29500

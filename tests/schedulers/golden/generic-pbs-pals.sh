@@ -16,7 +16,7 @@
 cd "${PBS_O_WORKDIR:-.}" || exit 2
 set -euo pipefail
 
-# Environment: interconnect defaults, rendezvous, site, job.
+# Environment: network stack (the site's, or interconnect defaults), rendezvous, site, job.
 export NCCL_IB_DISABLE=0
 export NCCL_IB_HCA=mlx5_0,mlx5_1
 export UCX_NET_DEVICES=mlx5_0:1,mlx5_1:1

@@ -15,7 +15,7 @@
 #SBATCH --account=project_465000000
 set -euo pipefail
 
-# Environment: interconnect defaults, rendezvous, site, job.
+# Environment: network stack (the site's, or interconnect defaults), rendezvous, site, job.
 export FI_PROVIDER=cxi
 MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)"
 export MASTER_ADDR
