@@ -13,7 +13,7 @@ setup: $(VENV)/.installed $(VENV_MPICH)/.installed
 
 # Main environment: Open MPI wheel + torch CPU + dev tools + the ray and spark extras (Spark's Java comes
 # from .ci/run). constraints.txt pins torch to the 2.13.0 CPU wheel (the package itself only asks for a range).
-$(VENV)/.installed: pyproject.toml constraints.txt
+$(VENV)/.installed: pyproject.toml setup.py constraints.txt
 	@echo "make: setting up $(VENV) (Open MPI, torch $$(sed -n 's/^torch==//p' constraints.txt) CPU, Ray, Spark, dev tools): a few minutes on a fresh machine"
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
@@ -21,11 +21,14 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	touch $@
 
 # Second environment for the MPICH flavour (mpi4py loads whichever libmpi its venv holds: one venv per MPI).
-# torch too: the Slurm CI's srun ranks (MPICH, PMI-2) train with hvd.elastic (tests/integration/slurm).
-$(VENV_MPICH)/.installed: pyproject.toml constraints.txt
-	@echo "make: setting up $(VENV_MPICH) (the MPICH flavour, with torch): about a minute"
+# It holds every extra a user needs, so it runs every feature: Ray and Spark need MPICH (docs/guide/ray.md),
+# and tests/spark/test_spark_mpich_env.py runs hpcring.spark.run from it as installed. torch too: the Slurm
+# CI's srun ranks (MPICH, PMI-2) train with hvd.elastic (tests/integration/slurm).
+$(VENV_MPICH)/.installed: pyproject.toml setup.py constraints.txt
+	@echo "make: setting up $(VENV_MPICH) (the MPICH flavour with every extra): a few minutes on a fresh machine"
 	test -x $(VENV_MPICH)/bin/python || $(PYTHON) -m venv $(VENV_MPICH)
-	$(VENV_MPICH)/bin/python -m pip install -q -c constraints.txt -e '.[mpich,torch]' pytest pytest-timeout ml_dtypes
+	$(VENV_MPICH)/bin/python -m pip install -q -c constraints.txt -e '.[mpich,torch,examples,ray,spark]' \
+	  pytest pytest-timeout ml_dtypes
 	touch $@
 
 demo: setup

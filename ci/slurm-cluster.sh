@@ -112,7 +112,7 @@ TaskPlugin=task/$TASK
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 SchedulerType=sched/backfill
-SchedulerParameters=batch_sched_delay=0
+SchedulerParameters=batch_sched_delay=0,bf_interval=5
 ReturnToService=2
 MpiDefault=none
 JobAcctGatherType=jobacct_gather/none
@@ -120,6 +120,9 @@ AccountingStorageType=accounting_storage/none
 JobCompType=jobcomp/none
 SlurmdParameters=config_overrides
 KillWait=5
+# A requeued job may start again this long after its requeue (slurm.conf AuthInfo cred_expire; Slurm's
+# default is 120 s): the requeue test's job is requeued several times.
+AuthInfo=cred_expire=10
 # A node whose slurmd stops answering is DOWN after this many seconds (slurmctld pings every third of it);
 # then srun ends the steps that ran there (the elastic test's lost node). Slurm's default is 300.
 SlurmdTimeout=$SLURMD_TIMEOUT

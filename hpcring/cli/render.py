@@ -42,8 +42,10 @@ def prepare(args: argparse.Namespace, out: Path | None) -> tuple[object, str]:
     else:
         opts = plan.RenderOptions()
     from hpcring.launch.elastic import batch
+    from hpcring.schedulers import requeue
 
     p = batch.apply(planner.build(rm, job, opts, launcher_name=args.launcher), job)
+    p = requeue.apply(p, job, rm.shape.time_s, str(out.resolve()) if out is not None else None)
     return p, jobscript.render(p)
 
 

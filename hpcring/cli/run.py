@@ -23,6 +23,7 @@ from hpcring.config import (
     TIMELINE_DYNAMIC,
     parse_timeout,
 )
+from hpcring.contracts.wallclock import CHECKPOINT_DIR
 from hpcring.errors import ConfigError, choices
 from hpcring.launch.command import LaunchSpec, build, describe
 from hpcring.launch.hosts import parse_host_list, parse_hostfile
@@ -195,6 +196,12 @@ def register(parser: argparse.ArgumentParser) -> None:
         help=f"hpcring's log level on every rank, one of {', '.join(LOG_LEVELS)}; default warning "
         "[HPCRING_LOG_LEVEL]",
     )
+    e(
+        "--checkpoint-dir",
+        metavar="DIR",
+        help="shared folder where hvd.elastic checkpoints on a wall-clock warning (SIGUSR1/SIGUSR2 to "
+        "hpcring run) and resumes from (docs/guide/elastic.md) [HPCRING_CHECKPOINT_DIR]",
+    )
     horovodrun_flags.register(parser)
     add("command", nargs=argparse.REMAINDER, help="the command each rank runs, after --")
 
@@ -239,6 +246,8 @@ def engine_settings(args: argparse.Namespace) -> dict[str, str]:
                 f"--allreduce-algorithm {args.allreduce_algorithm!r}; allowed: {choices(ALGORITHMS)}"
             )
         out["HPCRING_ALLREDUCE_ALGORITHM"] = args.allreduce_algorithm
+    if args.checkpoint_dir:
+        out[CHECKPOINT_DIR] = os.path.abspath(args.checkpoint_dir)
     if args.log_level is not None:
         if args.log_level.lower() not in LOG_LEVELS:
             raise ConfigError(f"--log-level {args.log_level!r}; allowed: {choices(LOG_LEVELS)}")

@@ -1,7 +1,7 @@
 """`hpcring submit`: render the job script, submit it with sbatch/bsub/qsub/flux batch (an MPIJob: kubectl
 apply), print the job id;
-`--wait` returns the job's exit code; `--dry-run` shows the script, its files and the submit command without
-submitting."""
+`--wait` returns the job's exit code; `--dry-run` shows the script, its files and the submit command, and
+writes and submits nothing."""
 
 from __future__ import annotations
 
@@ -12,6 +12,10 @@ import shlex
 import sys
 import time
 from pathlib import Path
+
+# --dry-run has no side effect, so the path it shows is where the script *would* go; saying so keeps a user
+# from looking for it (`hpcring render -o PATH` writes it).
+NOT_WRITTEN = "(not written: --dry-run writes and submits nothing; hpcring render -o PATH writes it)"
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -32,7 +36,7 @@ def register(parser: argparse.ArgumentParser) -> None:
         "--dry-run",
         action="store_true",
         default=env_flag("HPCRING_DRY_RUN"),
-        help="show everything, submit nothing [HPCRING_DRY_RUN]",
+        help="show the script, its files and the submit command; write and submit nothing [HPCRING_DRY_RUN]",
     )
     parser.add_argument(
         "--wait",
@@ -99,7 +103,7 @@ def main(args: argparse.Namespace) -> int:
     assert isinstance(p, Plan)
     argv = [*p.submit_argv, str(path)]
     if args.dry_run:
-        print(f"# script: {path}")
+        print(f"# script: {path} {NOT_WRITTEN}")
         print(text, end="")
         for f in p.files:
             if f.path:

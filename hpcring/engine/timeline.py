@@ -5,7 +5,9 @@ until every rank has submitted it (with an instant marker when each rank's submi
 `<OP>` enclosing `QUEUE`, `MEMCPY_IN_FUSION_BUFFER`, the collective itself (with the algorithm's own stages
 nested, reported through a `StageHook`, e.g. the three hierarchical stages) and `MEMCPY_OUT_FUSION_BUFFER`.
 Events are streamed as they happen so a crashed job still leaves a readable file (Chrome and Perfetto accept
-an array without its closing bracket; `close()` writes it).
+an array without its closing bracket; `close()` writes it). A flusher thread writes buffered events out within
+`FLUSH_INTERVAL_S`, as Horovod's writer thread does: a script (or Horovod's own timeline test) may read the
+file while the job runs.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ class _Resume:
 
 
 _CLOSED: dict[str, _Resume] = {}
+FLUSH_INTERVAL_S = 0.05
 
 
 class Timeline:
@@ -65,7 +68,9 @@ class Timeline:
         self.mark_cycles = mark_cycles
         self.rank = rank
         self._lock = threading.Lock()
-        self._last_flush = time.monotonic()
+        self._dirty = False
+        self._closed = threading.Event()
+        threading.Thread(target=self._flush_loop, name="hpcring-timeline-flush", daemon=True).start()
         earlier = _CLOSED.pop(self.path, None)
         if earlier is not None and os.path.exists(self.path) and os.path.getsize(self.path) >= earlier.offset:
             # Written and closed earlier by this process (an engine before a shutdown/init, or an earlier
@@ -93,10 +98,18 @@ class Timeline:
         if self._file is None:
             return
         self._file.write(json.dumps(event, separators=(",", ":")) + ",\n")
-        now = time.monotonic()
-        if now - self._last_flush > 1.0:
-            self._file.flush()
-            self._last_flush = now
+        self._dirty = True
+
+    def _flush_loop(self) -> None:
+        """Write buffered events out every FLUSH_INTERVAL_S while there are any (one flush per interval at
+        most, so a busy engine is not slowed by a write per event)."""
+        while not self._closed.wait(FLUSH_INTERVAL_S):
+            if not self._dirty:
+                continue
+            with self._lock:
+                if self._file is not None:
+                    self._file.flush()
+                self._dirty = False
 
     def _pid(self, tensor: str) -> int:
         pid = self._pids.get(tensor)
@@ -193,6 +206,7 @@ class Timeline:
             )
             self._file.close()
             self._file = None
+            self._closed.set()
 
 
 def span(timeline: Timeline | None, names: list[str], phase: str) -> Any:

@@ -3,8 +3,9 @@
 What it is: a finder at the front of `sys.meta_path` that answers `horovod` and the submodules Horovod
 scripts import (`horovod.torch`, `.torch.mpi_ops`, `.torch.elastic[.sampler|.state]`, `.common.util`,
 `.common.exceptions`, `.common.process_sets`, `.runner`, `.ray`) with modules that forward to hpcring's
-(`modules.py` lists them). A name hpcring lacks raises `HorovodFeatureMissing`, an AttributeError (so
-`hasattr` still answers) whose message names the Horovod feature and what to use instead; Horovod's
+(`table.py` lists them). A name hpcring lacks raises `HorovodFeatureMissing`, an AttributeError (so
+`hasattr` still answers) whose message names the Horovod feature and what to use instead (the same message
+as an ImportError, `HorovodNameUnavailable`, for `from horovod.x import name`); Horovod's
 TensorFlow, Keras, MXNet and Spark packages raise `HorovodFrameworkUnavailable` (an ImportError) the same way.
 
 How it reaches every rank, and why (one switch, `HPCRING_HOROVOD=1`, read in the rank itself):
@@ -34,13 +35,18 @@ from hpcring.contracts.horovod_alias import (
     requested,
 )
 from hpcring.horovod_alias.hook import install, install_from_env, installed, uninstall
-from hpcring.horovod_alias.missing import HorovodFeatureMissing, HorovodFrameworkUnavailable
+from hpcring.horovod_alias.missing import (
+    HorovodFeatureMissing,
+    HorovodFrameworkUnavailable,
+    HorovodNameUnavailable,
+)
 
 __all__ = [
     "ENV_VARIABLE",
     "SITE_DIR",
     "HorovodFeatureMissing",
     "HorovodFrameworkUnavailable",
+    "HorovodNameUnavailable",
     "install",
     "install_from_env",
     "installed",

@@ -9,6 +9,11 @@ class HorovodFeatureMissing(AttributeError):
     behave as they do for any missing attribute)."""
 
 
+class HorovodNameUnavailable(ImportError):
+    """`from horovod.x import name` (or `import horovod.x.name`) for a Horovod name hpcring does not provide:
+    the message is `HorovodFeatureMissing`'s (`modules.py` says why it is an ImportError here)."""
+
+
 class HorovodFrameworkUnavailable(ImportError):
     """A Horovod package for a framework hpcring does not support (TensorFlow, Keras, MXNet, Spark)."""
 

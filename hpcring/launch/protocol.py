@@ -38,6 +38,7 @@ HEARTBEAT = b"B"
 GO = b"G"  # json: override (env to set), defaults (env to set when absent)
 TERMINATE = b"T"  # json: reason
 NOTIFY = b"N"  # json: path, notice (elastic host update: the wrapper writes it to its node's file)
+SIGNAL = b"U"  # json: signal (a wall-clock warning the launcher received: the wrapper passes it to the rank)
 
 # The job's secret reaches the wrappers in their environment, never on a command line (`ps` shows those to
 # every user of a node); the MPI launchers forward it by name (Open MPI `-x NAME`; hydra forwards its whole

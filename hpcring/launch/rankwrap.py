@@ -25,6 +25,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from hpcring.contracts.wallclock import WARNINGS, kind_of
 from hpcring.launch import cleanup, liveness, protocol, report
 from hpcring.launch.detection import mpi_rank_size
 from hpcring.launch.target import is_python, own_python, python_target
@@ -204,6 +205,13 @@ class Wrapper:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.child.pid, sig)
 
+    def warn(self, signum: int) -> None:
+        """Pass a wall-clock warning (SIGUSR1/SIGUSR2) to the command itself, not its group: a DataLoader's
+        workers share the group and would die of a signal they do not handle."""
+        if self.child is not None and self.child.poll() is None and self.kill_at is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(self.child.pid, signum)
+
     def run(self) -> int:
         """Relay output and control until the command has ended; returns its wait status as an exit code."""
         assert self.child is not None and self.child.stdout is not None and self.child.stderr is not None
@@ -296,6 +304,10 @@ class Wrapper:
                 self.end_child()
             elif kind == protocol.NOTIFY:
                 _write_notice(protocol.decode(payload))
+            elif kind == protocol.SIGNAL:
+                signum = protocol.decode(payload).get("signal")
+                if isinstance(signum, int) and kind_of(signum) is not None:
+                    self.warn(signum)
 
 
 def _write_notice(message: dict[str, Any]) -> None:
@@ -381,6 +393,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, on_signal)
+    for warning in WARNINGS:  # an MPI launcher that forwards SIGUSR1/2 (Open MPI's does): pass it on
+        signal.signal(warning, lambda signum, _frame: wrapper.warn(signum))
     try:
         kind, payload = _await_go(sock, reader, args.silence_timeout)
     except OSError as exc:  # ConnectionError included

@@ -27,6 +27,7 @@ from typing import BinaryIO
 
 from hpcring.contracts.elastic import RESET_EXIT_CODE
 from hpcring.contracts.rank_env import RANK_VARIABLES, rank_environment
+from hpcring.contracts.wallclock import REQUEUE_EXIT_CODE, STOPPED_EXIT_CODE, WARNINGS, checkpoint_dir
 from hpcring.errors import LaunchError
 from hpcring.launch import cleanup, control, liveness, protocol
 from hpcring.launch.command import LaunchSpec, build
@@ -146,6 +147,8 @@ class Supervisor:
         self.left: list[tuple[int, str]] = []
         self.hold_until: float | None = None  # elastic: others run on until then (VERDICT_HOLD_S)
         self.interrupted: int | None = None
+        self.warned: int | None = None  # the wall-clock warning passed on to the ranks (SIGUSR1/SIGUSR2)
+        self.requeue_status: int | None = None  # REQUEUE/STOPPED_EXIT_CODE: the ranks checkpointed and left
         self.started = False
         self.released_at: float | None = None  # when every rank had checked in and was sent its environment
         self.abort_at: float | None = None
@@ -316,6 +319,25 @@ class Supervisor:
             self._note(f"received {signal.Signals(signum).name}; ending all ranks")
             self._abort(SIGNAL_GRACE_S)
 
+    def _on_warning(self, signum: int, _frame: object) -> None:
+        """A wall-clock warning (the batch script forwards the scheduler's): every rank gets it, and
+        checkpoints at its next commit (hpcring.torch.wallclock)."""
+        if self.warned is None:
+            self._note(f"received {signal.Signals(signum).name}; passing it to every rank")
+        self.warned = signum
+        for conn in self.conns.values():
+            if not conn.exited:
+                self._send(conn, protocol.json_frame(protocol.SIGNAL, {"signal": int(signum)}))
+
+    def _requeue_exit(self, code: int | None, sig: int | None) -> bool:
+        """A rank left with 85/86 after a warning: one this launcher passed on, or one a batch script's trap
+        wrote into the job's checkpoint directory (then only the job's naming one tells it apart from a
+        script's own exit code)."""
+        if sig is not None or code not in (REQUEUE_EXIT_CODE, STOPPED_EXIT_CODE):
+            return False
+        named = {**self.base_env, **self.spec.settings}  # the variable, or `hpcring run --checkpoint-dir`
+        return self.warned is not None or bool(checkpoint_dir(named))
+
     # ---- control socket -----------------------------------------------------------------------------------
     def _accept(self, server: socket.socket) -> None:
         conn, dropped = self.gate.accept(server)
@@ -452,6 +474,9 @@ class Supervisor:
         sig_i = int(sig) if isinstance(sig, int) else None
         if report.get("ended_by_launcher") or self.abort_at is not None:
             return  # one we (or a failing peer) ended: not the cause
+        if self._requeue_exit(code_i, sig_i):
+            self.requeue_status = code_i  # checkpointed on the warning: every rank leaves the same way
+            return
         if self.elastic and code_i == RESET_EXIT_CODE and sig_i is None:
             assert conn.rank is not None
             self._reset(conn.rank)
@@ -540,6 +565,7 @@ class Supervisor:
         previous = {
             s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
         }
+        previous.update({signal.Signals(s): signal.signal(s, self._on_warning) for s in WARNINGS})
         try:
             try:
                 self.mpiexec = subprocess.Popen(
@@ -671,6 +697,10 @@ class Supervisor:
             return 128 + self.interrupted
         if self.failure is not None:
             return self.failure[2]
+        if self.requeue_status is not None:
+            what = "requeue the job" if self.requeue_status == REQUEUE_EXIT_CODE else "requeue bound reached"
+            self._note(f"the ranks checkpointed on the warning; exiting with {self.requeue_status} ({what})")
+            return self.requeue_status
         if self.reset_rank is not None:
             return RESET_EXIT_CODE
         if len(self.conns) < self.spec.np:

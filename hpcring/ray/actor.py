@@ -49,11 +49,12 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
 
 
-def mpich_mpiexec() -> str:
-    """The MPICH `mpiexec` the workers are started with; ConfigError naming what was found otherwise."""
+def mpich_mpiexec(chosen: str | None = None) -> str:
+    """The MPICH `mpiexec` the workers are started with (`chosen`, else HPCRING_RAY_MPIEXEC, else the one
+    next to this Python or on PATH); ConfigError naming what was found otherwise."""
     from hpcring.launch import flavour
 
-    install = flavour.detect_install(os.environ.get(MPIEXEC_VARIABLE) or None)
+    install = flavour.detect_install(chosen or os.environ.get(MPIEXEC_VARIABLE) or None)
     if install.flavour != "mpich":
         raise ConfigError(
             f"hpcring.ray needs MPICH's mpiexec to start its workers, found {install.version} at "

@@ -23,7 +23,7 @@ from typing import Any
 
 from hpcring.contracts import elastic as contract
 from hpcring.errors import ConfigError, LaunchError
-from hpcring.ray import placement
+from hpcring.ray import placement, preflight
 from hpcring.ray._ray import ray_module
 from hpcring.ray.actor import WorkerFailed, remote_class
 from hpcring.ray.executor import call_with
@@ -83,6 +83,7 @@ class ElasticRayExecutor:
         ray = ray_module()
         if self._group is not None:
             raise ConfigError("this ElasticRayExecutor is already started")
+        preflight.check(ray, "hpcring.ray.ElasticRayExecutor", self.env_vars)
         self._group = WorkerGroup(ray.util.get_node_ip_address())
         self._commit_dir = self.env_vars.get(contract.DIRECTORY) or os.path.join(
             "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir(),

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from hpcring.errors import ConfigError
-from hpcring.ray import placement
+from hpcring.ray import placement, preflight
 from hpcring.ray._ray import ray_module, ray_submodule
 from hpcring.ray.settings import MiniSettings, create_settings, horovod_env
 from hpcring.ray.world import WorkerGroup
@@ -105,6 +105,7 @@ class RayExecutor:
         if self._group is not None:
             raise ConfigError("this RayExecutor is already started: call shutdown() first")
         env = {**horovod_env(self.settings), **{str(k): str(v) for k, v in (extra_env_vars or {}).items()}}
+        preflight.check(ray, "hpcring.ray.RayExecutor", env)
         self._pg, self._own_pg = self._placement_group(ray), True
         if self._pg is None:
             self._pg = placement.reserve(self.shape, self.settings.placement_group_timeout_s)

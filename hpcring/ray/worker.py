@@ -22,7 +22,7 @@ import time
 import traceback
 from typing import Any
 
-from hpcring.ray import channel
+from hpcring.ray import channel, output_stamp
 
 CHANNEL_VARIABLE = "HPCRING_RAY_CHANNEL"
 ACTOR_PID_VARIABLE = "HPCRING_RAY_ACTOR_PID"
@@ -128,6 +128,7 @@ def main() -> None:
         _preload()
         spec = channel.recv(sock)
         os.environ.update(spec.get("env", {}))
+        output_stamp.install_from_env(spec["rank"])
         try:
             world = _form(spec)
             _ensure_initialised(world)

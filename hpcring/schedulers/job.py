@@ -17,7 +17,8 @@ import yaml
 
 from hpcring.config import MAX_RANKS  # the job schema's maximum for `ranks` too
 from hpcring.errors import ConfigError
-from hpcring.schedulers import safe_yaml, textfile, walltime
+from hpcring.schedulers import requeue, safe_yaml, textfile, walltime
+from hpcring.schedulers.requeue import RequeueSpec
 from hpcring.schedulers.validation import validate
 
 
@@ -54,6 +55,7 @@ class JobSpec:
     elastic: tuple[int, int] | None = None  # (min_nodes, max_restarts): hpcring.launch.elastic.batch
     # The rank program links the MPI's GPU transfer library (network.py); None: the profile's default.
     gpu_aware_mpi: bool | None = None
+    requeue: RequeueSpec | None = None  # train past the wall clock: hpcring.schedulers.requeue
 
 
 def command_argv(command: str | Sequence[str]) -> tuple[str, ...]:
@@ -128,6 +130,7 @@ def from_mapping(data: Mapping[str, Any], where: str = "<job>") -> JobSpec:
             else None
         ),
         gpu_aware_mpi=data.get("gpu_aware_mpi"),
+        requeue=requeue.from_mapping(data["requeue"]) if data.get("requeue") not in (None, False) else None,
     )
 
 

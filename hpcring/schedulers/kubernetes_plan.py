@@ -104,6 +104,11 @@ def _refuse_batch_only(job: JobSpec, rm: RankMap) -> None:
             "a pod has no module system: put the software in the image",
         ),
         ("elastic", job.elastic, "the MPI Operator restarts whole jobs (runPolicy.backoffLimit)"),
+        (
+            "--requeue-on-limit",
+            job.requeue,
+            "an MPIJob has no time limit to warn of (no wall clock to outlive)",
+        ),
     )
     for flag, value, why in unsupported:
         if value:

@@ -252,14 +252,30 @@ def _partition(profile: Profile, job: JobSpec) -> Partition | None:
     if part is not None and part.max_nodes is not None and job.nodes > part.max_nodes:
         raise JobShapeError(
             f"{job.nodes} nodes exceed the {part.max_nodes}-node limit of {part.selector} {part.name!r} "
-            f"on {profile.name!r}"
+            f"on {profile.name!r}{_fitting(profile, job)}"
         )
     if part is not None and job.nodes < part.min_nodes:
         raise JobShapeError(
             f"{job.nodes} node(s) are below the {part.min_nodes}-node minimum of {part.selector} "
-            f"{part.name!r} on {profile.name!r}"
+            f"{part.name!r} on {profile.name!r}{_fitting(profile, job)}"
         )
     return part
+
+
+def _fitting(profile: Profile, job: JobSpec) -> str:
+    """The end of a size or walltime refusal: which of the profile's queues would take this job (its nodes,
+    and its walltime when one was asked), so that the user learns the fix and not only the limit."""
+    nodes, wanted = job.nodes, job.time_s
+    fits = [
+        p
+        for p in profile.site.partitions
+        if p.min_nodes <= nodes <= (p.max_nodes or nodes)
+        and (wanted is None or not p.max_walltime_s or wanted <= p.walltime_limit(nodes))
+    ]
+    what = f"{nodes} node(s)" + (f" for {walltime.human(wanted)}" if wanted is not None else "")
+    if not fits:
+        return f"; no partition, QOS or queue of {profile.name!r} takes {what}"
+    return f"; {what} fit {choices([p.name for p in fits])} (--partition NAME)"
 
 
 def _walltime(profile: Profile, job: JobSpec, part: Partition | None) -> int:
@@ -270,6 +286,7 @@ def _walltime(profile: Profile, job: JobSpec, part: Partition | None) -> int:
         raise JobShapeError(
             f"walltime {walltime.human(job.time_s)} exceeds the limit of {walltime.human(limit)} for "
             f"{job.nodes} node(s) in {part.selector} {part.name!r} on {profile.name!r}"
+            f"{_fitting(profile, job)}"
         )
     return job.time_s
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hpcring.contracts.wallclock import REQUEUE_EXIT_CODE, WARNING_FILE
 from hpcring.schedulers.containers import ContainerPlan
 
 
@@ -49,6 +50,20 @@ class StepPlan:
 
 
 @dataclass(frozen=True)
+class RequeuePlan:
+    """What the script's requeue block formats (slurm/requeue.sh.j2; hpcring.schedulers.requeue)."""
+
+    notes: tuple[str, ...]  # comment lines: what the scheduler does, and where its documentation says so
+    checkpoint_dir: str | None  # a literal path; None: `default_name` in the working directory
+    default_name: str
+    max_requeues: int | None
+    timer_s: int | None  # the script warns itself after this many seconds (PBS: no pre-limit signal)
+    requeue: str  # the shell line that requeues the job (no user strings in it)
+    exit_code: int = REQUEUE_EXIT_CODE
+    warning_file: str = WARNING_FILE
+
+
+@dataclass(frozen=True)
 class Plan:
     """What a template formats."""
 
@@ -69,6 +84,7 @@ class Plan:
     submit_argv: tuple[str, ...]
     module_paths: tuple[str, ...] = ()  # `module use` before the loads (a container runtime's module tree)
     warnings: tuple[str, ...] = ()  # written as `# WARNING:` lines under the header (a retired system)
+    requeue: RequeuePlan | None = None  # train past the wall clock (hpcring.schedulers.requeue)
 
     @property
     def inline_files(self) -> tuple[ExtraFile, ...]:

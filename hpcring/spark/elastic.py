@@ -27,7 +27,7 @@ from typing import Any
 
 from hpcring.contracts import elastic as contract
 from hpcring.errors import ConfigError
-from hpcring.spark import options
+from hpcring.spark import executors, options
 from hpcring.spark.runner import pickled_call, spark_context
 from hpcring.spark.stage import SparkStage, StageFailure
 from hpcring.spark.task import RAISED, SparkJobFailed
@@ -128,15 +128,18 @@ def run_elastic(
             "stdout": stdout,
             "stderr": stderr,
             "nics": nics,
-            "prefix_output_with_timestamp": prefix_output_with_timestamp,
         },
     )
     timeout = options.start_timeout(start_timeout)
     worlds_timeout = options.elastic_timeout(elastic_timeout)
     limit = _reset_limit(reset_limit)
     sc = spark_context()
+    executors.check(sc, "hpcring.spark.run_elastic")
     size, low, high = _first_size(sc, num_proc, min_np, max_np)
-    user_env = {str(k): str(v) for k, v in (env or {}).items()}
+    user_env = {
+        **{str(k): str(v) for k, v in (env or {}).items()},
+        **options.output_env(prefix_output_with_timestamp),
+    }
     directory = commit_directory(user_env)
     base_env = {**user_env, contract.ELASTIC: "1", "HOROVOD_ELASTIC": "1", contract.DIRECTORY: directory}
     payload = pickled_call(fn, args, kwargs)

@@ -4,6 +4,7 @@ variables, checked before anything starts, and the cluster's task slots that bou
 from __future__ import annotations
 
 import os
+import sys
 import time
 from typing import Any
 
@@ -17,26 +18,45 @@ _UNSUPPORTED = {
     "use_mpi": "hpcring always runs over MPI: leave use_mpi unset or True",
     "use_gloo": "hpcring has no Gloo controller: leave use_gloo unset or False",
     "extra_mpi_args": "no mpirun is started (each task's worker is its own mpiexec -n 1)",
-    "stdout": "the ranks' output goes to the Spark executors' logs",
-    "stderr": "the ranks' output goes to the Spark executors' logs",
+    "stdout": "the ranks' output goes to the Spark executors' output: only the driver's own sys.stdout "
+    "(Horovod's default) is accepted",
+    "stderr": "the ranks' output goes to the Spark executors' output: only the driver's own sys.stderr "
+    "(Horovod's default) is accepted",
     "nics": "MPICH picks the network itself (docs/guide/spark.md)",
-    "prefix_output_with_timestamp": "the ranks' output goes to the Spark executors' logs",
     "executable": "the workers run the executors' own Python (PYSPARK_PYTHON)",
 }
 # The values of those parameters that ask for nothing hpcring cannot do (Horovod's defaults, mostly).
 _FINE: dict[str, tuple[Any, ...]] = {
     "use_mpi": (None, True),
     "use_gloo": (None, False),
-    "prefix_output_with_timestamp": (False,),
 }
 
 
 def refuse_unsupported(api: str, chosen: dict[str, Any]) -> None:
     """ConfigError for the first of Horovod's launcher parameters (`chosen`: name → value given to `api`)
-    set to something hpcring cannot honour."""
+    set to something hpcring cannot honour. The driver's own sys.stdout/sys.stderr are Horovod's defaults
+    for `stdout`/`stderr`: with a local master the ranks' output lands there (the executors are the
+    driver's), on a cluster in the executors' logs, where Horovod would forward it (docs/guide/spark.md)."""
+    fine_streams = {"stdout": (None, sys.stdout), "stderr": (None, sys.stderr)}
     for name, value in chosen.items():
+        if name in fine_streams:
+            if not any(value is ok for ok in fine_streams[name]):
+                raise ConfigError(
+                    f"hpcring.spark.{api}({name}={value!r}) is not supported: {_UNSUPPORTED[name]}"
+                )
+            continue
         if value not in _FINE.get(name, (None,)):
             raise ConfigError(f"hpcring.spark.{api}({name}={value!r}) is not supported: {_UNSUPPORTED[name]}")
+
+
+def output_env(prefix_output_with_timestamp: Any) -> dict[str, str]:
+    """What the ranks' workers need for Horovod's `prefix_output_with_timestamp` (they stamp their own
+    lines: hpcring.ray.output_stamp)."""
+    if not isinstance(prefix_output_with_timestamp, bool):
+        raise ConfigError(
+            f"prefix_output_with_timestamp must be True or False, got {prefix_output_with_timestamp!r}"
+        )
+    return {"HPCRING_OUTPUT_TIMESTAMP": "1"} if prefix_output_with_timestamp else {}
 
 
 def _seconds(name: str, value: float | None, variable: str, default: float) -> float:

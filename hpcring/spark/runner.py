@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from hpcring.spark import options
+from hpcring.spark import executors, options
 from hpcring.spark.stage import SparkStage, StageFailure
 
 
@@ -75,17 +75,19 @@ def run(
             "stdout": stdout,
             "stderr": stderr,
             "nics": nics,
-            "prefix_output_with_timestamp": prefix_output_with_timestamp,
             "executable": executable,
         },
     )
+    stamp_env = options.output_env(prefix_output_with_timestamp)
     timeout = options.start_timeout(start_timeout)
     sc = spark_context()
+    executors.check(sc, "hpcring.spark.run")
     size = options.num_proc(sc, num_proc)
     payload = pickled_call(fn, args, kwargs)
     stage = SparkStage(sc, "run")
     try:
-        job = stage.job(size, "world/1", timeout, {str(k): str(v) for k, v in (env or {}).items()})
+        job_env = {**{str(k): str(v) for k, v in (env or {}).items()}, **stamp_env}
+        job = stage.job(size, "world/1", timeout, job_env)
         return stage.run(job, payload)
     except StageFailure as failure:
         raise failure.error from failure.__cause__

@@ -14,9 +14,10 @@ from __future__ import annotations
 import json
 import re
 import socket
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from hpcring.errors import LaunchError
+from hpcring.errors import ConfigError, LaunchError
 from hpcring.spark.task import (
     ENDED,
     FAILED_KEY,
@@ -25,14 +26,48 @@ from hpcring.spark.task import (
     SHM_KEY,
     SparkJobFailed,
     remove_worker_files,
-    run_task,
 )
 
 LOST = "lost"  # a task that ended without reporting
+# How an executor Python without hpcring refuses a task (`task_function`): found again in Spark's error.
+WORKER_REFUSAL = "hpcring.spark: the Spark executors' Python"
 # Spark's reasons that say a task's process was lost (the words of Spark 4.3), as opposed to a stage that
 # failed for a reason a new world would meet again.
 _LOSS_REASONS = ("ExecutorLostFailure", "Python worker exited unexpectedly")
 _BLAMED = (re.compile(r"barrier task ResultTask\(\d+, (\d+)\)"), re.compile(r"Task (\d+) in stage"))
+
+
+def task_function(job: dict[str, Any], payload: bytes) -> Callable[[Iterable[int]], Iterator[bytes]]:
+    """What each barrier task runs. It refers to hpcring only inside its body (cloudpickle ships it by value,
+    with no module to import first), so that an executor Python without hpcring's task code fails with
+    `WORKER_REFUSAL`, naming that Python and the fix, not with a bare ModuleNotFoundError while unpickling."""
+    refusal = WORKER_REFUSAL  # a closure cell, not a global of this module
+
+    def task(rows: Iterable[int]) -> Iterator[bytes]:
+        import importlib
+        import sys
+
+        try:
+            for needed in ("cloudpickle", "numpy"):  # the task's own imports, refused here with the fix
+                importlib.import_module(needed)
+            from hpcring.spark.task import run_task as run
+        except ImportError as exc:
+            raise RuntimeError(
+                f"{refusal} {sys.executable} cannot import hpcring's task code "
+                f"({type(exc).__name__}: {exc}); install hpcring with its mpich and spark extras there, or "
+                "point PYSPARK_PYTHON (or spark.pyspark.python) at a Python that has it"
+            ) from None
+        return run(job, payload, rows)
+
+    return task
+
+
+def worker_refusal(message: str) -> str | None:
+    """The one line a task's Python wrote when it could not import hpcring (in Spark's error text)."""
+    for line in message.splitlines():
+        if WORKER_REFUSAL in line:
+            return line[line.index(WORKER_REFUSAL) :].strip()
+    return None
 
 
 class StageFailure(Exception):
@@ -100,9 +135,12 @@ class SparkStage:
             self.store.clear(prefix)  # a re-formed world must not read the previous one's records
         rdd = self.sc.parallelize(range(size), size).barrier()
         try:
-            pickled = rdd.mapPartitions(lambda rows: run_task(job, payload, rows)).collect()
+            pickled = rdd.mapPartitions(task_function(job, payload)).collect()
         except Exception as exc:
             self._collect_stale_files(size)
+            refusal = worker_refusal(str(exc))
+            if refusal is not None:
+                raise ConfigError(refusal) from None
             raise self.failure(size, exc) from exc
         results = sorted((cloudpickle.loads(p) for p in pickled), key=lambda pair: pair[0])
         if [r for r, _ in results] != list(range(size)):

@@ -4,12 +4,14 @@ Everything a Horovod script uses is here under the same name, with the same defa
 (init, shutdown, rank, size, ...), the collective ops and their async/in-place/grouped variants with autograd,
 handles (poll, synchronize), join, barrier, process sets, the timeline, DistributedOptimizer, the broadcast
 helpers, Compression and SyncBatchNorm; also PartialDistributedOptimizer (Horovod's Keras one, for torch),
-`process_set_included`, `get_process_set_ids_and_ranks` and `HostsUpdatedInterrupt`. Importing this package
+`process_set_included`, `get_process_set_ids_and_ranks` and `HostsUpdatedInterrupt`; `on_wall_clock` (a job's
+time limit or preemption is near: docs/guide/elastic.md). Importing this package
 imports torch; `import hpcring` alone does not.
 """
 
 from __future__ import annotations
 
+from hpcring.contracts.wallclock import REQUEUE_EXIT_CODE, STOPPED_EXIT_CODE
 from hpcring.torch import mpi_ops
 from hpcring.torch.compression import Compression
 from hpcring.torch.functions import (
@@ -23,18 +25,22 @@ from hpcring.torch.optimizer import DistributedOptimizer
 from hpcring.torch.partial_optimizer import PartialDistributedOptimizer
 from hpcring.torch.process_set_info import get_process_set_ids_and_ranks, process_set_included
 from hpcring.torch.sync_batch_norm import SyncBatchNorm
+from hpcring.torch.wallclock import on_wall_clock
 
 __all__ = [
     *mpi_ops.__all__,
     "Compression",
     "DistributedOptimizer",
     "PartialDistributedOptimizer",
+    "REQUEUE_EXIT_CODE",
+    "STOPPED_EXIT_CODE",
     "SyncBatchNorm",
     "allgather_object",
     "broadcast_object",
     "broadcast_optimizer_state",
     "broadcast_parameters",
     "get_process_set_ids_and_ranks",
+    "on_wall_clock",
     "process_set_included",
 ]
 

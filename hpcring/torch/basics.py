@@ -17,6 +17,7 @@ from hpcring.config import engine_settings
 from hpcring.engine import Engine, OpType, ProcessSet, Request, Signature, global_process_set
 from hpcring.errors import ConfigError, NotInitializedError
 from hpcring.horovod_env import report_ignored
+from hpcring.torch import wallclock
 
 _lock = threading.RLock()
 _engine: Engine | None = None
@@ -126,6 +127,7 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet | Sequence[int]] | 
         _static_sets[:] = [ps for _, ps in plan]
         _generation += 1
         report_ignored(topo.rank)  # HOROVOD_* settings hpcring does not act on: once, on rank 0
+        wallclock.install_if_configured()  # a job with --checkpoint-dir: record a warning from now on
 
 
 def _shutdown_locked() -> None:

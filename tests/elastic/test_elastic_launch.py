@@ -233,17 +233,58 @@ def test_failures_beyond_the_reset_limit_end_the_job(tmp_path: Path) -> None:
 
 
 def test_below_min_np_for_longer_than_the_elastic_timeout_ends_the_job(tmp_path: Path) -> None:
-    """Two hosts, --min-np 2: after one is blacklisted only one slot is left; the driver waits
-    --elastic-timeout seconds, then ends the job with a line that says so."""
+    """Two hosts, --min-np 2: after one is blacklisted (with a cooldown longer than the timeout) only one slot
+    is left; the driver says what it waits for, waits --elastic-timeout seconds, then ends the job with a
+    line that says so."""
     marker = tmp_path / "marker.pt"
     res = launch(
-        ["-H", hosts(2), "--min-np", "2", "--elastic-timeout", "2"],
+        ["-H", hosts(2), "--min-np", "2", "--elastic-timeout", "2", "--blacklist-cooldown-range", "60", "60"],
         ["--kill-rank", "1", "--kill-step", "3", "--out", str(marker)],
     )
     assert res.returncode == 1, res.stderr[-3000:]
+    assert "waiting for blacklisted hosts to come back after their cooldown" in res.stderr
     assert "fewer than --min-np 2 for 2 s (--elastic-timeout); ending the job" in res.stderr
-    assert "blacklisted: 127.0.0.2" in res.stderr
+    assert re.search(r"blacklisted: 127\.0\.0\.2 for \d+ s", res.stderr), res.stderr[-2000:]
     no_orphans(str(marker))
+
+
+def test_a_static_host_list_with_no_slot_left_ends_at_once(tmp_path: Path) -> None:
+    """Two hosts of a host list, no discovery script, no cooldown: once the failed rank's host is
+    blacklisted for good no wait can give --min-np 2 slots, so the job ends at once (not after the
+    --elastic-timeout of 600 s) with the failed rank's status and the blacklist."""
+    marker = tmp_path / "marker.pt"
+    start = time.monotonic()
+    res = launch(
+        ["-H", hosts(2), "--min-np", "2", "--elastic-timeout", "600"],
+        ["--kill-rank", "1", "--kill-step", "3", "--out", str(marker)],
+    )
+    assert time.monotonic() - start < 200, "the job waited instead of ending (hang guard)"
+    assert res.returncode == 128 + 9, res.stderr[-3000:]
+    assert "hpcring run: rank 1 was killed by signal 9" in res.stderr
+    assert (
+        "no slot can come back (host list without a discovery script; blacklisted: 127.0.0.2 for good)"
+        in (res.stderr)
+    )
+    assert "waiting up to" not in res.stderr and "world 1" not in res.stderr
+    no_orphans(str(marker))
+
+
+def test_with_a_discovery_script_the_driver_waits_and_says_for_what(tmp_path: Path) -> None:
+    """A discovery script reporting one slot for --min-np 2: the driver waits (more may come), its line
+    says so, and the --elastic-timeout ends the job."""
+    script = tmp_path / "discover.sh"
+    script.write_text("#!/bin/sh\necho 127.0.0.1:1\n")
+    script.chmod(0o755)
+    res = launch(
+        ["--min-np", "2", "--host-discovery-script", str(script), "--elastic-timeout", "1"],
+        ["--out", str(tmp_path / "never.pt")],
+    )
+    assert res.returncode == 1, res.stderr[-3000:]
+    assert (
+        "waiting up to 1 s for --min-np 2 slots (have 1: 127.0.0.1:1; blacklisted: none): waiting for the "
+        "host discovery script to report more"
+    ) in res.stderr
+    assert "fewer than --min-np 2 for 1 s (--elastic-timeout); ending the job" in res.stderr
 
 
 def test_a_blacklisted_host_comes_back_after_its_cooldown(tmp_path: Path) -> None:
@@ -269,7 +310,8 @@ def test_a_signal_while_waiting_for_hosts_ends_the_job_at_once(tmp_path: Path) -
     proc = subprocess.Popen(argv, cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
     assert proc.stderr is not None
     first = proc.stderr.readline()
-    assert "waiting up to 60 s for --min-np 2 slots (have 1: 127.0.0.1:1)" in first, first
+    assert "waiting up to 60 s for --min-np 2 slots (have 1: 127.0.0.1:1; blacklisted: none)" in first, first
+    assert "a host list without a discovery script: nothing can add slots" in first, first
     proc.send_signal(signal.SIGTERM)
     try:
         rc = proc.wait(timeout=30)

@@ -424,6 +424,21 @@ def test_timeline_reopened_in_the_same_process_continues_the_file(tmp_path: Path
     assert sum(1 for e in events if e["name"] == "trace_end") == 1
 
 
+def test_timeline_events_reach_the_file_while_it_is_open(tmp_path: Path) -> None:
+    """A script reading the trace while the job runs (Horovod's timeline test does) sees the events
+    without waiting for close(): the flusher writes them out within its interval."""
+    path = tmp_path / "tl.json"
+    tl = Timeline(str(path))
+    tl.begin("allreduce.x", "NEGOTIATE_ALLREDUCE")
+    tl.end("allreduce.x", "NEGOTIATE_ALLREDUCE")
+    deadline = time.monotonic() + 30
+    while "NEGOTIATE_ALLREDUCE" not in path.read_text() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    text = path.read_text()
+    tl.close()
+    assert "allreduce.x" in text and "NEGOTIATE_ALLREDUCE" in text
+
+
 def _one_rank_state() -> SetState:
     """The state of a set of one rank (its topology is only read for comm, rank and size)."""
     return SetState(0, (0,), SimpleNamespace(comm=None, rank=0, size=1), EngineSettings())

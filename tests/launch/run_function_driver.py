@@ -5,11 +5,13 @@ stalling the suite. The functions are defined here, in `__main__`, so they trave
 script's or a notebook's do. Cases: `values` (a closure over a local, kwargs, the environment), `torch` (an
 allreduce through hpcring.torch), `raise` (the last rank raises while the others wait in a collective),
 `die` (rank 1 ends without a result), `elastic` (min_num_proc/max_num_proc), `output` (output_filename,
-verbose), `interrupt` (Ctrl-C), `where` (each rank's Slurm node, for the Slurm allocation test).
+verbose), `interrupt` (Ctrl-C), `where` (each rank's Slurm node, for the Slurm allocation test), `horovod`
+(Horovod's shape: `horovod.run(fn)` where fn uses a module-level `import horovod.torch as hvd`).
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import sys
@@ -39,6 +41,25 @@ def torch_allreduce() -> dict[str, float]:
     hvd.init()
     total = hvd.allreduce(torch.tensor([float(hvd.rank() + 1)]), op=hvd.Sum)
     return {"rank": hvd.rank(), "size": hvd.size(), "sum": float(total.item())}
+
+
+hvd: Any = None  # horovod.torch in the `horovod` case, as a Horovod script's top-level import
+
+
+def horovod_train(scale: float) -> tuple[int, int, float, str]:
+    """A Horovod script's training function: `hvd` is this module's global (set by main, as a script's
+    top-level `import horovod.torch as hvd` sets it), so cloudpickle must send the alias module."""
+    import torch
+
+    hvd.init()
+    total = hvd.allreduce(torch.tensor([hvd.rank() * scale]), op=hvd.Sum, name="horovod_shape.sum")
+    return hvd.rank(), hvd.size(), float(total.item()), hvd.__name__
+
+
+def horovod_run(np: int) -> Any:
+    global hvd
+    hvd = importlib.import_module("horovod.torch")
+    return importlib.import_module("horovod").run(horovod_train, args=(2.0,), np=np)
 
 
 def raise_on_last() -> int:
@@ -102,6 +123,7 @@ def main() -> None:
             rank_and_size, num_proc=np, min_num_proc=np, max_num_proc=np + 1, hosts=f"localhost:{np + 1}"
         ),
         "interrupt": lambda: interrupted(np),
+        "horovod": lambda: horovod_run(np),
         "where": lambda: hpcring.run(where, num_proc=np, verbose=1),
         "output": lambda: hpcring.run(print_rank, num_proc=np, output_filename="out", verbose=1),
     }

@@ -50,7 +50,7 @@ def test_missing_mpi4py_and_torch_are_reported_with_the_fix() -> None:
     rc, out, err = doctor(block=("mpi4py", "torch"))
     assert rc == 0, err
     assert "mpi4py:   missing" in out and "torch:    missing" in out
-    assert "  - mpi4py: pip install 'hpcring[openmpi]'" in out
+    assert "  - mpi4py: pip install 'hpcring[mpich]'" in out
     assert "  - torch: pip install 'hpcring[torch]'" in out
     rc, out, _ = doctor("--json", "--strict", block=("mpi4py", "torch"))
     assert rc == 1

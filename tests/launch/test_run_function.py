@@ -54,6 +54,12 @@ def test_results_come_back_in_rank_order(tmp_path: Path, np: int) -> None:
     ], out
 
 
+def test_horovod_run_sends_a_function_using_a_module_level_horovod_torch(tmp_path: Path) -> None:
+    """Horovod's shape: `horovod.run(train, np=2)`, train using the script's `import horovod.torch as hvd`."""
+    out = call("horovod", 2, tmp_path)
+    assert out.get("ok") == [[r, 2, 2.0, "horovod.torch"] for r in range(2)], out
+
+
 def test_ctrl_c_ends_the_ranks_and_raises_keyboard_interrupt(tmp_path: Path) -> None:
     out = call("interrupt", 2, tmp_path, timeout=60)  # the ranks would sleep 120 s
     assert out.get("ok") == "KeyboardInterrupt", out

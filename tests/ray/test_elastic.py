@@ -11,8 +11,10 @@ from typing import Any
 import pytest
 import ray_programs as prog
 import torch
+from support import horovod_script_train
 
 from hpcring.errors import ConfigError
+from hpcring.horovod_alias import install, uninstall
 from hpcring.ray import ElasticRayExecutor
 from hpcring.ray.world import CallFailed
 
@@ -46,6 +48,23 @@ def test_a_killed_worker_and_the_run_finishes_at_the_smaller_size(ray_cluster: A
     recovery = results[0]["first_step_at"] - float((tmp_path / "killed").read_text())
     print(f"\nelastic ray: kill -> first step at size 2: {recovery:.2f} s; whole run {total:.2f} s")
     assert not (tmp_path / "commits").exists()  # the commit store is removed when the run is over
+
+
+def test_a_horovod_elastic_function_using_a_module_level_horovod_torch(
+    ray_cluster: Any, tmp_path: Path
+) -> None:
+    """Horovod's elastic Ray shape: `ElasticRayExecutor(settings)`, `start()`, `run(train)`, train using the
+    script's `import horovod.torch as hvd` with a TorchState and `@hvd.elastic.run` (no horovod=True)."""
+    settings = ElasticRayExecutor.create_settings(min_num_proc=2, max_num_proc=2, timeout_s=60)
+    ex = ElasticRayExecutor(settings, env_vars={"HPCRING_ELASTIC_DIR": str(tmp_path / "commits")})
+    install()
+    try:
+        train = horovod_script_train("elastic_train")
+        ex.start()
+        results = ex.run(functools.partial(train, 2.0))  # Horovod's run(worker_fn) takes no arguments
+    finally:
+        uninstall()
+    assert results == [(r, 2, 2.0, "horovod.torch") for r in range(2)]
 
 
 def test_the_functions_own_error_is_raised_not_retried(ray_cluster: Any, tmp_path: Path) -> None:

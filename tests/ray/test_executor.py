@@ -7,8 +7,10 @@ from typing import Any
 import pytest
 import ray_programs as prog
 import torch
+from support import horovod_script_train
 
 from hpcring.errors import ConfigError
+from hpcring.horovod_alias import install, uninstall
 from hpcring.ray import RayExecutor
 from hpcring.ray.world import CallFailed
 
@@ -50,6 +52,20 @@ def test_every_worker_gets_its_rank_at_each_world_size(executor: Any, size: int)
     ex.start()
     expected_sum = sum(r + 0.25 for r in range(size))
     assert ex.run(prog.rank_sum, args=[0.25]) == [(r, size, expected_sum) for r in range(size)]
+
+
+def test_a_function_using_a_module_level_horovod_torch_runs_on_the_workers(executor: Any) -> None:
+    """Horovod's Ray shape: `RayExecutor(settings, num_workers=2)`, `start()`, `run(train)`, train using the
+    script's `import horovod.torch as hvd`; the workers get the alias from unpickling it (no horovod=True)."""
+    install()
+    try:
+        train = horovod_script_train()
+        ex = executor(num_workers=2, cpus_per_worker=1)
+        ex.start()
+        results = ex.run(train, args=[2.0])
+    finally:
+        uninstall()
+    assert results == [(r, 2, 2.0, "horovod.torch") for r in range(2)]
 
 
 def test_horovod_setting_lets_workers_import_horovod(ray_cluster: Any) -> None:

@@ -22,6 +22,7 @@ from pbs_flux_helpers import (
 )
 from sched_helpers import check_golden, check_shellcheck, cli, make_plan, render_plan
 
+from hpcring.cli.submit import NOT_WRITTEN
 from hpcring.schedulers import flux_jobs, mapping, profile, shell, walltime
 from hpcring.schedulers.job import JobSpec
 
@@ -156,7 +157,7 @@ def test_purged_job_and_dry_run(tmp_path: Path) -> None:
     dry = cli(*base, "--dry-run", "-o", str(out), "--", "true", env=env, cwd=tmp_path)
     assert dry.returncode == 0
     rendered = cli("render", "--profile", "generic-flux", "--nodes", "1", "--", "true", env=env)
-    assert dry.stdout == f"# script: {out}\n{rendered.stdout}# would run: flux batch {out}\n"
+    assert dry.stdout == f"# script: {out} {NOT_WRITTEN}\n{rendered.stdout}# would run: flux batch {out}\n"
     assert not out.exists()
 
 

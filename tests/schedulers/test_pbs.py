@@ -25,6 +25,7 @@ from pbs_flux_helpers import (
 )
 from sched_helpers import check_golden, check_shellcheck, cli, make_plan, render_plan
 
+from hpcring.cli.submit import NOT_WRITTEN
 from hpcring.errors import ProfileError
 from hpcring.schedulers import mapping, pbs_batch, pbs_jobs, profile
 from hpcring.schedulers.job import JobSpec, Step
@@ -248,7 +249,7 @@ def test_submit_dry_run_prints_exactly_what_would_run(tmp_path: Path) -> None:
     script = out.read_text()
     affinity = (tmp_path / "jobs" / "train.affinity").read_text()
     assert res.stdout == (
-        f"# script: {out}\n{script}# file: {tmp_path / 'jobs' / 'train.affinity'}\n{affinity}"
+        f"# script: {out} {NOT_WRITTEN}\n{script}# file: {tmp_path / 'jobs' / 'train.affinity'}\n{affinity}"
         f"# would run: qsub {out}\n"
     )
     assert calls(env) == []

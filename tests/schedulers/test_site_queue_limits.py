@@ -17,8 +17,8 @@ import pytest
 import yaml
 from sched_helpers import cli
 
-from hpcring.errors import ProfileError
-from hpcring.schedulers import profile
+from hpcring.errors import ProfileError, choices
+from hpcring.schedulers import profile, walltime
 
 # (queue, node min, node max, time max) straight from each page's "Queues" table.
 DOCUMENTED = {
@@ -93,7 +93,26 @@ def test_aurora_prod_smallest_job_is_256_nodes() -> None:
     """The issue's case: a 2-node job sent to Aurora's prod queue is refused before qsub."""
     code, err = _render("aurora", "prod", 2)
     assert code == 2
-    assert err.strip().endswith("2 node(s) are below the 256-node minimum of queue 'prod' on 'aurora'")
+    assert "2 node(s) are below the 256-node minimum of queue 'prod' on 'aurora'" in err
+
+
+@pytest.mark.parametrize("site", sorted(DOCUMENTED))
+def test_a_refusal_names_the_queues_that_take_the_job(site: str) -> None:
+    """Below prod's minimum: the line ends with every documented queue whose node range holds the job."""
+    lo = next(row[1] for row in DOCUMENTED[site] if row[0] == "prod")
+    takers = [q for q, mn, mx, _ in DOCUMENTED[site] if mn <= lo - 1 <= mx]
+    assert takers, "the case needs a queue that takes the job"
+    code, err = _render(site, "prod", lo - 1)
+    assert code == 2 and "\n" not in err.strip()
+    assert err.strip().endswith(f"; {lo - 1} node(s) fit {choices(takers)} (--partition NAME)"), err
+
+
+def test_a_refusal_says_when_no_queue_takes_the_job() -> None:
+    longest = max(_hours(row[3]) for row in DOCUMENTED["polaris"]) // 3600
+    code, err = _render("polaris", "debug", 1, f"{longest + 1}:00:00")
+    assert code == 2
+    asked = walltime.human((longest + 1) * 3600)
+    assert err.strip().endswith(f"no partition, QOS or queue of 'polaris' takes 1 node(s) for {asked}"), err
 
 
 def test_min_above_max_is_a_profile_error(tmp_path: Path) -> None:

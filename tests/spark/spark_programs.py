@@ -144,3 +144,13 @@ def elastic_regression(pid_dir: str, epochs: int, epoch_s: float) -> dict[str, A
     train(state)
     weights = torch.cat([p.detach().flatten() for p in model.parameters()])
     return {"weights": weights.tolist(), "epochs_seen": state.epochs_seen, "starts": state.starts}
+
+
+def executable() -> tuple[int, str]:
+    """(rank, the Python this rank's worker runs): the executors' Python, as hpcring.spark chose it."""
+    import sys
+
+    import hpcring.torch as hvd
+
+    hvd.init()
+    return hvd.rank(), sys.executable

@@ -151,6 +151,41 @@ def test_np2_weights_and_history_equal_one_process(fit2: dict[str, Any]) -> None
     )
 
 
+def test_a_spark_backend_and_backward_passes_per_step_as_horovods_example(frame: Any, tmp_path: Any) -> None:
+    """Horovod's Spark example's parameters: a SparkBackend with the driver's streams and timestamps, and
+    backward_passes_per_step=2 with batch 4, which accumulates the gradients of 2 batches (each loss
+    halved) before each allreduce and step: the same steps as fit2's batch 8, so the same weights as one
+    process with batch 16."""
+    import sys
+
+    from hpcring.spark.common.backend import SparkBackend
+
+    backend = SparkBackend(
+        num_proc=2, stdout=sys.stdout, stderr=sys.stderr, prefix_output_with_timestamp=True
+    )
+    est = _estimator(
+        str(tmp_path),
+        backend=backend,
+        backward_passes_per_step=2,
+        batch_size=4,
+        epochs=EPOCHS,
+        validation="is_val",
+        val_batch_size=8,
+        verbose=1,
+    )
+    initial = ep.copy.deepcopy(est.getModel())
+    model = est.fit(frame)
+    x, y = ep.data()
+    train = np.arange(ep.ROWS) % 4 != 3
+    want, _, _ = ep.reference(
+        initial, x[train], y[train], batch=16, epochs=EPOCHS, lr=LR * 2, momentum=MOMENTUM
+    )
+    _close(model.getModel(), want)
+    assert len(model.getHistory()) == EPOCHS
+    both = _estimator(str(tmp_path), backend=backend, num_proc=2)
+    assert "at most one of backend and num_proc" in str(_no_job(frame.sparkSession, both.fit, frame))
+
+
 def test_np4_vector_feature_in_a_pipeline_equals_one_process(fit4: dict[str, Any]) -> None:
     x, y = ep.data()
     want, losses, _ = ep.reference(fit4["initial"], x, y, batch=16, epochs=2, lr=LR * 4, momentum=MOMENTUM)
@@ -283,6 +318,8 @@ def _no_job(spark: Any, fit: Any, frame: Any) -> ConfigError:
         ({"metrics": [1]}, r"metrics must be a list whose entries are callables"),
         ({"input_shapes": [[3, -1]]}, r"input_shapes must be None or a list of shapes"),
         ({"use_gpu": False}, r"use_gpu is a Horovod parameter hpcring does not support"),
+        ({"backward_passes_per_step": 0}, r"backward_passes_per_step must be a positive integer"),
+        ({"backend": "spark"}, r"backend must be None or a Backend with run\(\) and num_processes\(\)"),
         ({"epoch": 2}, r"unknown parameter 'epoch'"),
     ],
 )

@@ -3,6 +3,7 @@ the tasks, a failing task named with its traceback, and refusals before anything
 
 from __future__ import annotations
 
+import io
 import time
 import uuid
 from typing import Any
@@ -10,8 +11,10 @@ from typing import Any
 import pytest
 import spark_programs
 from spark_kill import processes_with
+from support import horovod_script_train
 
 from hpcring.errors import ConfigError
+from hpcring.horovod_alias import install, uninstall
 from hpcring.spark.task import ranks_by_host
 
 pytestmark = pytest.mark.timeout(300)
@@ -25,6 +28,19 @@ def test_ranks_layout_and_allreduce(spark: Any, num_proc: int) -> None:
     total = float(num_proc * (num_proc + 1) // 2)
     # One host: local ranks equal ranks (two executors on it, their tasks consecutive).
     assert results == [(r, num_proc, r, num_proc, total) for r in range(num_proc)]
+
+
+def test_horovod_spark_run_sends_a_function_using_a_module_level_horovod_torch(spark: Any) -> None:
+    """Horovod's Spark shape: `horovod.spark.run(train, num_proc=2)`, train using the script's
+    `import horovod.torch as hvd` (the alias module travels by reference)."""
+    install()
+    try:
+        import horovod.spark
+
+        results = horovod.spark.run(horovod_script_train(), args=(2.0,), num_proc=2)
+    finally:
+        uninstall()
+    assert results == [(r, 2, 2.0, "horovod.torch") for r in range(2)]
 
 
 def test_args_and_kwargs_reach_every_rank(spark: Any) -> None:
@@ -82,12 +98,15 @@ def test_more_processes_than_task_slots_is_refused(spark: Any) -> None:
         ("extra_mpi_args", "-x A"),
         ("nics", ["eth0"]),
         ("executable", "py"),
+        ("stdout", io.StringIO()),
+        ("stderr", io.StringIO()),
+        ("prefix_output_with_timestamp", "yes"),
     ],
 )
 def test_horovod_parameters_without_meaning_are_refused(name: str, value: Any) -> None:
     import hpcring.spark
 
-    with pytest.raises(ConfigError, match=rf"run\({name}="):
+    with pytest.raises(ConfigError, match=rf"(run\({name}=|{name} must be True or False)"):
         hpcring.spark.run(spark_programs.scaled, args=(1,), num_proc=2, **{name: value})
 
 

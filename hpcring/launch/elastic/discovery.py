@@ -88,6 +88,19 @@ class Blacklist:
     def names(self) -> list[str]:
         return sorted(h for h in self.until if self.blocked(h))
 
+    def for_good(self, host: str) -> bool:
+        """Whether `host` can never come back (blacklisted without a cooldown)."""
+        return self.until.get(host, 0.0) == float("inf")
+
+    def describe(self) -> str:
+        """The blacklisted hosts and until when: `a for good, b for 12 s`, or `none`."""
+        now = self.clock()
+        parts = [
+            f"{h} for good" if self.for_good(h) else f"{h} for {self.until[h] - now:.0f} s"
+            for h in self.names()
+        ]
+        return ", ".join(parts) or "none"
+
 
 class Discovery:
     """The current usable hosts, refreshed every `interval_s` by a background thread when a script is used."""

@@ -144,10 +144,9 @@ class ElasticDriver:
             if slots >= self.espec.min_np:
                 return hosts
             if time.monotonic() >= deadline:
-                black = self.blacklist.names()
                 self._note(
                     f"only {slots} slot(s) available ({_listing(hosts)}; "
-                    f"blacklisted: {', '.join(black) or 'none'})"
+                    f"blacklisted: {self.blacklist.describe()})"
                     f", fewer than --min-np {self.espec.min_np} for {self.espec.timeout_s:g} s "
                     "(--elastic-timeout); ending the job"
                 )
@@ -155,10 +154,27 @@ class ElasticDriver:
             if not said:
                 self._note(
                     f"waiting up to {self.espec.timeout_s:g} s for --min-np {self.espec.min_np} slots "
-                    f"(have {slots}: {_listing(hosts)})"
+                    f"(have {slots}: {_listing(hosts)}; blacklisted: {self.blacklist.describe()}): "
+                    f"{self._waiting_for()}"
                 )
                 said = True
             time.sleep(min(self.espec.poll_s, 0.5))
+
+    def _waiting_for(self) -> str:
+        """What can still bring slots: the discovery script, or blacklisted hosts whose cooldown ends."""
+        if self.espec.discovery_script is not None:
+            return "waiting for the host discovery script to report more"
+        if any(not self.blacklist.for_good(h) for h in self.blacklist.names()):
+            return "waiting for blacklisted hosts to come back after their cooldown"
+        return "a host list without a discovery script: nothing can add slots"
+
+    def _never_enough(self) -> bool:
+        """Whether no wait can give --min-np slots: a static host list (no discovery script) whose hosts
+        left out of the blacklist for good hold fewer slots."""
+        if self.espec.discovery_script is not None:
+            return False
+        possible = sum(h.slots for h in self.discovery.fixed if not self.blacklist.for_good(h.name))
+        return possible < self.espec.min_np
 
     def _spec_for(self, world: list[str]) -> LaunchSpec:
         """The world's launch: all hosts on this machine collapse to a local launch of len(world) ranks."""
@@ -243,12 +259,19 @@ class ElasticDriver:
                 on_tick=self._tick,
             )
             rc = sup.run()
-            if sup.interrupted is not None:
-                return rc
+            if sup.interrupted is not None or sup.requeue_status is not None:
+                return rc  # a signal ended the job, or the ranks checkpointed to be requeued (85/86)
             if sup.failure is None and sup.reset_rank is None and rc == 0:
                 return 0
             why = self._account(sup)
             if why is None:
+                return sup.failure[2] if sup.failure else (rc or 1)
+            if self._never_enough():
+                self._note(
+                    f"{why}; no slot can come back (host list without a discovery script; blacklisted: "
+                    f"{self.blacklist.describe()}), fewer than --min-np {self.espec.min_np}; ending the job "
+                    "with the failed rank's exit status"
+                )
                 return sup.failure[2] if sup.failure else (rc or 1)
             self.resets += 1
             limit = self.espec.reset_limit

@@ -107,6 +107,16 @@ def _check_bool(name: str) -> Callable[[Any], None]:
     return check
 
 
+def _check_backend(value: Any) -> None:
+    """Horovod's Backend interface: run(fn, args=..., env=...) and num_processes()."""
+    if value is not None and not all(callable(getattr(value, m, None)) for m in ("run", "num_processes")):
+        raise _refuse(
+            "backend",
+            "None or a Backend with run() and num_processes() (horovod.spark.common.backend.SparkBackend)",
+            value,
+        )
+
+
 def _check_seed(value: Any) -> None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
         raise _refuse("random_seed", "an integer or None", value)
@@ -143,6 +153,8 @@ CHECKS: dict[str, Callable[[Any], None]] = {
     "train_steps_per_epoch": lambda v: _positive_int("train_steps_per_epoch", v, optional=True),
     "validation_steps_per_epoch": lambda v: _positive_int("validation_steps_per_epoch", v, optional=True),
     "input_shapes": check_input_shapes,
+    "backend": _check_backend,
+    "backward_passes_per_step": lambda v: _positive_int("backward_passes_per_step", v, optional=False),
 }
 
 
@@ -157,6 +169,11 @@ def check_complete(values: dict[str, Any]) -> None:
     for name in ("model", "optimizer", "loss", "store", "feature_cols", "label_cols"):
         if values.get(name) is None:
             raise ConfigError(f"TorchEstimator: {name} is required and not set")
+    if values.get("backend") is not None and values.get("num_proc") is not None:
+        raise ConfigError(
+            "TorchEstimator: at most one of backend and num_proc may be set (as Horovod's): the backend "
+            "says how many processes"
+        )
     model_params = {id(p) for p in values["model"].parameters()}
     opt_params = [p for group in values["optimizer"].param_groups for p in group["params"]]
     if not opt_params or any(id(p) not in model_params for p in opt_params):

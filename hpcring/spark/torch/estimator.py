@@ -47,6 +47,14 @@ DOCS = {
         "validation steps per epoch (default: val rows // (val_batch_size * num_proc), at least 1)"
     ),
     "input_shapes": "the shape of each feature column's batch tensor (default: [-1, elements per row])",
+    "backend": (
+        "where the training runs: a Backend such as SparkBackend(num_proc) (default: hpcring.spark.run "
+        "on num_proc tasks)"
+    ),
+    "backward_passes_per_step": (
+        "batches whose gradients are accumulated (each loss divided by it) before one allreduce and "
+        "optimizer step"
+    ),
 }
 DEFAULTS: dict[str, Any] = {
     **dict.fromkeys(DOCS),
@@ -56,10 +64,10 @@ DEFAULTS: dict[str, Any] = {
     "metrics": [],
     "callbacks": [],
     "verbose": 1,
+    "backward_passes_per_step": 1,
 }
 # Horovod's parameters that hpcring's estimator does not implement: refused by name, never ignored.
 UNSUPPORTED = (
-    "backend",
     "data_module",
     "gradient_compression",
     "loss_weights",
@@ -77,7 +85,6 @@ UNSUPPORTED = (
     "inmemory_cache_all",
     "use_gpu",
     "mp_start_method",
-    "backward_passes_per_step",
     "shuffle_buffer_size",
 )
 

@@ -11,9 +11,10 @@ from hpcring.spark.torch.remote import TrainSpec, train
 
 def _num_proc(df: Any, num_proc: int | None) -> int:
     """num_proc as `hpcring.spark.run` checks it (default: the cluster's task slots; more than it has is
-    refused), checked before the data preparation's Spark jobs."""
-    from hpcring.spark import options
+    refused), checked before the data preparation's Spark jobs, as are the executors' Python and MPI."""
+    from hpcring.spark import executors, options
 
+    executors.check(df.sparkSession.sparkContext, "TorchEstimator")  # before the preparation's Spark jobs
     try:
         return options.num_proc(df.sparkSession.sparkContext, num_proc)
     except ConfigError as exc:
@@ -71,7 +72,8 @@ def fit(df: Any, values: dict[str, Any], run_id: str) -> tuple[dict[str, Any], P
     features, labels = list(values["feature_cols"]), list(values["label_cols"])
     describe(df.schema, features, "feature_cols")
     describe(df.schema, labels, "label_cols")
-    n = _num_proc(df, values["num_proc"])
+    backend = values["backend"]
+    n = int(backend.num_processes()) if backend is not None else _num_proc(df, values["num_proc"])
     store = values["store"]
     prepared = prepare(df, store, features, labels, values["validation"], n, values["random_seed"])
     steps, val_batch, val_steps = _steps(values, prepared, n)
@@ -93,6 +95,7 @@ def fit(df: Any, values: dict[str, Any], run_id: str) -> tuple[dict[str, Any], P
         val_path=store.get_localized_path(prepared.val_path) if prepared.val_path else None,
         checkpoint_file=None if checkpoint is None else store.get_localized_path(checkpoint),
         verbose=int(values["verbose"]),
+        backward_passes_per_step=int(values["backward_passes_per_step"]),
     )
     args = (
         spec,
@@ -103,5 +106,8 @@ def fit(df: Any, values: dict[str, Any], run_id: str) -> tuple[dict[str, Any], P
         values["callbacks"],
         resume_state(store, checkpoint, int(values["verbose"])),
     )
-    results = hpcring.spark.run(train, args=args, num_proc=n)
+    if backend is not None:
+        results = backend.run(train, args=args)
+    else:
+        results = hpcring.spark.run(train, args=args, num_proc=n)
     return {**results[0], "input_shapes": shapes}, prepared

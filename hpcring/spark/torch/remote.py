@@ -43,6 +43,7 @@ class TrainSpec:
     val_path: str | None
     checkpoint_file: str | None
     verbose: int
+    backward_passes_per_step: int = 1
 
 
 def _per_row(shape: list[int], size: int) -> bool:
@@ -223,7 +224,10 @@ def train(
         group["lr"] = group["lr"] * size
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
-    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+    passes = spec.backward_passes_per_step
+    optimizer = hvd.DistributedOptimizer(
+        optimizer, named_parameters=model.named_parameters(), backward_passes_per_step=passes
+    )
     total = _loss_fn(loss)
     history: list[dict[str, Any]] = []
     epoch_s: list[float] = []
@@ -232,15 +236,16 @@ def train(
         start = time.perf_counter()
         model.train()
         sums = _Epoch(spec, metrics)
-        for rows in _batches(
-            n_rows, spec.batch_size, spec.steps, _order(n_rows, spec.shuffle, spec.seed, epoch, rank)
-        ):
+        order = _order(n_rows, spec.shuffle, spec.seed, epoch, rank)
+        for step, rows in enumerate(_batches(n_rows, spec.batch_size, spec.steps, order)):
             inputs, labels = tensors(spec, data, rows)
-            optimizer.zero_grad()
+            if step % passes == 0:  # Horovod's: a step every `passes` batches, gradients summed between
+                optimizer.zero_grad()
             outs, labels = outputs_and_labels(model(*inputs), labels)
             value = total(outs, labels)
-            value.backward()
-            optimizer.step()
+            (value / passes if passes > 1 else value).backward()
+            if (step + 1) % passes == 0 or step + 1 == spec.steps:
+                optimizer.step()
             sums.add(value, outs, labels)
         entry: dict[str, Any] = {"epoch": epoch, "train": sums.averaged(hvd)}
         if val is not None:

@@ -19,7 +19,7 @@ import torch
 from hpcring.contracts import elastic as contract
 from hpcring.torch import basics
 from hpcring.torch.collective_ops import broadcast_
-from hpcring.torch.elastic import store
+from hpcring.torch.elastic import durable, store
 from hpcring.torch.functions import broadcast_object
 
 
@@ -74,7 +74,9 @@ class State:
         self._reset_callbacks.extend(callbacks)
 
     def on_reset(self) -> None:
-        """Run the reset callbacks (the elastic runner calls it once the re-formed world has the state)."""
+        """Run `reset()`, then the reset callbacks (the elastic runner calls it once the re-formed world has
+        the state)."""
+        self.reset()
         for callback in self._reset_callbacks:
             callback()
 
@@ -85,6 +87,8 @@ class State:
         commit cost against the steps redone after a failure."""
         self.save()
         os.environ[contract.COMMITTED] = "1"
+        if isinstance(self, ObjectState):
+            durable.at_commit(self)  # a wall-clock warning: checkpoint durably and leave to be requeued
         self.check_host_updates()
 
     def check_host_updates(self) -> None:
@@ -114,6 +118,9 @@ class State:
         """Make every rank hold the same state."""
         raise NotImplementedError()
 
+    def reset(self) -> None:
+        """Reset objects after the world changed, before the callbacks (Horovod's hook; none by default)."""
+
 
 class ObjectState(State):
     """State made of plain Python values, given as keyword arguments and exposed as attributes.
@@ -135,6 +142,7 @@ class ObjectState(State):
         self._saved: bytearray | None = None  # the in-memory commit when no store is configured
         self._pending: bytearray | None = None  # a commit read from the store, for sync() to spread
         self._store: store.CommitStore | None = None
+        self._saved_objects: dict[str, Any] = dict(kwargs)  # the committed plain values, which sync() sends
         self._saved = store.encode_bytes(0, self._snapshot())  # restore() before any commit: the start
 
     # ---- what the state is (TorchState extends these) --------------------------------------------------
@@ -155,12 +163,18 @@ class ObjectState(State):
 
     def save(self) -> None:
         self._seq += 1
+        self._keep()
+
+    def _keep(self) -> None:
+        """Make the current state commit number `_seq` (in the store, or in this process's memory)."""
+        snap = self._snapshot()
+        self._saved_objects = dict(snap["objects"])
         target = self._commit_store()
         if target is not None:
-            target.write(self._seq, self._snapshot())
+            target.write(self._seq, snap)
             self._saved = None
         else:
-            lay = store.layout(self._seq, self._snapshot())
+            lay = store.layout(self._seq, snap)
             if self._saved is None or len(self._saved) != lay.size:
                 self._saved = bytearray(lay.size)  # reused by the next commits of the same layout
             store.fill(self._saved, lay)
@@ -173,18 +187,19 @@ class ObjectState(State):
             seq, snap = store.decode(bytearray(self._saved or b""))  # a fresh buffer: tensors may alias it
         self._seq = seq
         self._load(snap)
+        self._saved_objects = dict(snap.get("objects", {}))
 
     def sync(self) -> None:
-        """Broadcast the whole state from `_sync_root` (rank 0 unless resuming from a commit elsewhere)."""
+        """Make every rank hold `_sync_root`'s state and keep it as its commit, at every world size.
+
+        As Horovod's: the plain values sent are the root's *committed* ones (an uncommitted change to them is
+        dropped), the handled objects (model, optimizer, sampler) their live state, and every rank loads
+        them, so a sampler is repartitioned for this world. Unlike Horovod's, every rank then keeps the
+        result as its commit, so `restore()` after `sync()` gives the root's state on every rank (Horovod's
+        handlers would go back to each rank's own model)."""
         root = self._sync_root
-        if basics.size() == 1 and self._pending is None:
-            return
         if self._rank() == root:
-            payload = (
-                self._pending
-                if self._pending is not None
-                else store.encode_bytes(self._seq, self._snapshot())
-            )
+            payload = self._pending if self._pending is not None else self._sync_payload()
             length = torch.tensor([len(payload)], dtype=torch.int64)
         else:
             payload, length = None, torch.zeros(1, dtype=torch.int64)
@@ -195,8 +210,12 @@ class ObjectState(State):
             else torch.empty(int(length.item()), dtype=torch.uint8)
         )
         broadcast_(data, root, name="elastic.sync.data")
-        if payload is None or self._pending is not None:
-            seq, snap = store.decode(data.numpy())
-            self._seq = seq
-            self._load(snap)
         self._pending = None
+        self._seq, snap = store.decode(data.numpy())
+        self._load(snap)
+        self._keep()
+
+    def _sync_payload(self) -> bytearray:
+        snap = self._snapshot()
+        snap["objects"] = dict(self._saved_objects)
+        return store.encode_bytes(self._seq, snap)

@@ -24,8 +24,8 @@ from typing import Any, TypeVar
 
 from hpcring.contracts import elastic as contract
 from hpcring.errors import CollectiveError
-from hpcring.torch import basics
-from hpcring.torch.elastic import store
+from hpcring.torch import basics, wallclock
+from hpcring.torch.elastic import durable, store
 from hpcring.torch.elastic.common import HostsUpdatedInterrupt, ObjectState, State, _store_from_env
 from hpcring.torch.functions import allgather_object
 
@@ -52,6 +52,16 @@ def _resume(state: State) -> bool:
     return bool(best >= 0)
 
 
+def _resume_durable(state: State) -> bool:
+    """Resume from the job's --checkpoint-dir (a requeued job); the reset callbacks run when the world that
+    wrote the checkpoint had another size (rescale the learning rate)."""
+    if not isinstance(state, ObjectState) or not durable.resume(state):
+        return False
+    if durable.resumed_world_size() != basics.size():
+        state.on_reset()
+    return True
+
+
 def _exit_for_reset(why: str) -> None:
     """Leave at once for the relaunch: no MPI_Finalize (it would wait for ranks that are gone)."""
     sys.stdout.flush()
@@ -68,10 +78,15 @@ def run(func: F) -> F:
 
     @functools.wraps(func)
     def wrapper(state: State, *args: Any, **kwargs: Any) -> Any:
+        wallclock.install()
         if not os.environ.get(contract.DIRECTORY):
-            state.sync()
+            if not _resume_durable(state):
+                state.sync()
             return func(state, *args, **kwargs)
-        if _resume(state) or contract.generation() > 0:
+        # The first world of a requeued elastic job starts from the durable checkpoint, later ones from
+        # the node-local commits.
+        durable_first = contract.generation() == 0 and _resume_durable(state)
+        if not durable_first and (_resume(state) or contract.generation() > 0):
             state.on_reset()
         try:
             return func(state, *args, **kwargs)

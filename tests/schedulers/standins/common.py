@@ -59,11 +59,25 @@ def start_background(tool: str, job_id: str) -> None:
     )
 
 
-def run_script(script: str, env: dict[str, str], cwd: str, out: str, err: str | None) -> int:
-    """bash SCRIPT with its output in the job's files; the status as the shell would report it."""
+def run_script(
+    script: str,
+    env: dict[str, str],
+    cwd: str,
+    out: str,
+    err: str | None,
+    signal_after: tuple[int, float] | None = None,
+) -> int:
+    """bash SCRIPT with its output in the job's files; the status as the shell would report it.
+    `signal_after`: (signal, seconds): send the script that signal once it has run that long (a
+    scheduler's warning before the time limit)."""
     with open(out, "ab") as fo, open(err or out, "ab") as fe:
-        res = subprocess.run(["bash", script], env=env, cwd=cwd, stdout=fo, stderr=fe, check=False)
-    return res.returncode
+        proc = subprocess.Popen(["bash", script], env=env, cwd=cwd, stdout=fo, stderr=fe)
+        if signal_after is not None:
+            try:
+                proc.wait(timeout=signal_after[1])
+            except subprocess.TimeoutExpired:
+                proc.send_signal(signal_after[0])
+        return proc.wait()
 
 
 def cpu_list(text: str) -> list[int]:

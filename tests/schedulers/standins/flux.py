@@ -3,6 +3,8 @@
 - `flux batch [OPTIONS] SCRIPT`: options from the command line and from `# flux:` directive lines (split
   like a shell would), prints the job id in F58 (`ƒ...`) and runs the script in the background inside "its
   own instance" (FLUX_JOB_ID set; hosts node1..nodeN for `-N N`); output in `flux-ID.out` unless `--output`.
+  `--signal=SIG@FSD` (flux-batch(1): send SIG that long before the time limit `-t`) signals the script then;
+  the time limit itself is not enforced.
 - `flux run [-N] [-n] [-c] [-g] [--exclusive] [-o cpu-affinity=..] [-o gpu-affinity=..] COMMAND`: starts
   every task here, tasks spread evenly over the nodes in blocks; per-task affinity gives task i of a node
   cores i*c.. (STANDIN_CPUS, not applied) and GPUs i*g.. (CUDA_VISIBLE_DEVICES), `map:A;B;..` gives task i
@@ -21,6 +23,7 @@ import argparse
 import os
 import re
 import shlex
+import signal
 import sys
 
 import common
@@ -57,6 +60,7 @@ def resource_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("-o", "--setopt", action="append", default=[])
     p.add_argument("--output")
     p.add_argument("--error")
+    p.add_argument("--signal")
     return p
 
 
@@ -72,6 +76,7 @@ def batch(argv: list[str]) -> int:
     args = p.parse_args([*words, *argv])
     if args.time_limit is not None and not FSD.match(args.time_limit):
         common.die("flux-batch", f"invalid Flux standard duration {args.time_limit!r}", 1)
+    warning = _warning(args.signal, args.time_limit)
     for attr in args.setattr:
         if "=" not in attr:
             common.die("flux-batch", f"--setattr: {attr!r} is not KEY=VALUE", 1)
@@ -87,11 +92,31 @@ def batch(argv: list[str]) -> int:
             "out": out,
             "err": args.error,
             "name": args.job_name,
+            "warning": warning,
         }
     )
     common.start_background("flux", job_id)
     print(job_id)
     return 0
+
+
+def _seconds(fsd: str) -> float:
+    """A Flux standard duration in seconds ("30", "30s", "2m", "1.5h", "1d")."""
+    scale = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    return float(fsd[:-1]) * scale[fsd[-1]] if fsd[-1] in scale else float(fsd)
+
+
+def _warning(spec: str | None, limit: str | None) -> list[float] | None:
+    """--signal=SIG@FSD as [signal number, seconds after the start] (None without it)."""
+    if spec is None:
+        return None
+    name, _, before = spec.partition("@")
+    sig = getattr(signal, name if name.startswith("SIG") else f"SIG{name}", None)
+    if not isinstance(sig, signal.Signals) or not FSD.match(before or "60"):
+        common.die("flux-batch", f"--signal: {spec!r} is not SIG@FSD", 1)
+    if limit is None:
+        common.die("flux-batch", "--signal needs a time limit (-t)", 1)
+    return [int(sig), max(0.0, _seconds(limit or "0") - _seconds(before or "60"))]
 
 
 def run_job(job_id: str) -> None:
@@ -104,7 +129,10 @@ def run_job(job_id: str) -> None:
     }
     job["state"] = "RUN"
     common.save_job(job)
-    rc = common.run_script(job["script"], env, job["workdir"], job["out"], job["err"])
+    warning = job.get("warning")
+    rc = common.run_script(
+        job["script"], env, job["workdir"], job["out"], job["err"], tuple(warning) if warning else None
+    )
     job.update(state="INACTIVE", returncode=rc, result="COMPLETED" if rc == 0 else "FAILED")
     common.save_job(job)
 

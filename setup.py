@@ -1,0 +1,32 @@
+"""Installs `hpcring-horovod-alias.pth` into site-packages beside the package, in wheels and editable installs
+
+Python runs a `.pth` file's `import` line at every start-up: this one does nothing unless HPCRING_HOROVOD is
+set, and then imports hpcring, which installs the `horovod` alias (hpcring/horovod_alias), so
+`HPCRING_HOROVOD=1 python script.py` works in any Python of the environment, Spark executors and Ray workers
+included. Everything else about the build is in pyproject.toml.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from setuptools import setup
+from setuptools.command.build_py import build_py
+
+PTH = Path(__file__).parent / "hpcring" / "horovod_alias" / "hpcring-horovod-alias.pth"
+
+
+class BuildPyWithPth(build_py):
+    """build_py, plus the .pth at the root of what becomes site-packages: `build_lib` for a wheel; for an
+    editable install (PEP 660) the unpacked editable wheel, which setuptools gives as install_lib, since
+    its build_lib is not shipped."""
+
+    def run(self) -> None:
+        super().run()
+        target = self.build_lib
+        if getattr(self, "editable_mode", False):
+            target = self.distribution.get_command_obj("install").install_lib or target
+        self.copy_file(str(PTH), str(Path(target) / PTH.name))
+
+
+setup(cmdclass={"build_py": BuildPyWithPth})
