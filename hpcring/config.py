@@ -27,6 +27,9 @@ DEFAULT_CYCLE_TIME_MS = 1.0
 DEFAULT_BUCKET_CAP_MB = 25.0  # DistributedOptimizer's gradient buckets: DDP's bucket_cap_mb default
 DEFAULT_CACHE_CAPACITY = 1024
 DEFAULT_STALL_CHECK_S = 60.0
+# The most ranks a job may have (`hpcring run -np`, `map --ranks`, nodes x ranks per node): checked before
+# anything is sized by it; far beyond the largest machines (a few million cores).
+MAX_RANKS = 1 << 24
 DEFAULT_COLLECTIVE_TIMEOUT_S = 300.0  # HPCRING_COLLECTIVE_TIMEOUT (engine/watchdog.py); 0 turns it off
 COLLECTIVE_TIMEOUT_VAR = "HPCRING_COLLECTIVE_TIMEOUT"
 

@@ -9,6 +9,25 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+SHOWN_CHARS = 200  # the most of a value an error message quotes
+
+
+def shown(value: object, limit: int = SHOWN_CHARS) -> str:
+    """`repr(value)` for an error message, at most about `limit` characters: a hostile value (a megabyte
+    string, an expanded YAML structure) is cut, and a long container is never rendered whole first."""
+    import reprlib
+
+    bounded = reprlib.Repr()
+    bounded.maxlevel, bounded.maxstring, bounded.maxother, bounded.maxlong = 3, limit, limit, limit
+    bounded.maxlist = bounded.maxtuple = bounded.maxdict = bounded.maxset = 20
+    text = bounded.repr(value)
+    return text if len(text) <= limit else f"{text[: limit - 3]}..."
+
+
+def shown_text(text: str, limit: int = SHOWN_CHARS) -> str:
+    """A message from elsewhere (jsonschema's, which quotes whole values) cut to about `limit` characters."""
+    return text if len(text) <= limit else f"{text[: limit - 3]}..."
+
 
 class HpcringError(Exception):
     """Base of every error hpcring raises on purpose."""
@@ -49,6 +68,34 @@ class CollectiveTimeoutError(CollectiveError):
     exit_status = COLLECTIVE_TIMEOUT_EXIT_STATUS
 
 
+# The status a rank exits with when a file it must write does not fit (`DiskFullError`): EX_IOERR.
+DISK_FULL_EXIT_STATUS = 74
+
+
+class DiskFullError(HpcringError, OSError):
+    """A file hpcring writes (an elastic commit, a checkpoint) does not fit on its file system: the disk's
+    fault, never a host's or the script's, so the elastic driver ends the job and blacklists nobody.
+    One line naming the folder and the bytes needed; `errno` is ENOSPC (or EDQUOT) as the write's was."""
+
+    exit_status = DISK_FULL_EXIT_STATUS
+
+    def __init__(self, what: str, directory: str, needed: int, free: int | None, errno_: int) -> None:
+        room = f"{free} bytes are free there" if free is not None else "the free space is unknown"
+        super().__init__(
+            f"no space left for {what} in {directory}: it needs {needed} bytes and {room}; free some space "
+            "there or point it at a larger file system"
+        )
+        self.errno = errno_
+        self.directory = directory
+        self.needed = needed
+
+
+class ArgumentError(HpcringError, TypeError, ValueError):
+    """A collective was given something it does not take (not a tensor, a sparse tensor where dense ones
+    go); the message names the argument and what it takes. A TypeError, and a ValueError as the checks of
+    earlier versions raised."""
+
+
 class RankFailedError(HpcringError, RuntimeError):
     """Another rank died or raised; carries its number so every survivor can report it."""
 
@@ -76,7 +123,7 @@ class SubmitError(HpcringError):
 
 def choices(values: Iterable[object]) -> str:
     """Format allowed values for an error message: `'a', 'b' or 'c'`."""
-    items = [repr(v) for v in values]
+    items = [shown(v) for v in values]
     if len(items) <= 1:
         return "".join(items)
     return ", ".join(items[:-1]) + " or " + items[-1]

@@ -7,7 +7,7 @@ import os
 from collections.abc import Callable
 from typing import TypeVar
 
-from hpcring.errors import ConfigError
+from hpcring.errors import ConfigError, shown, shown_text
 
 T = TypeVar("T")
 
@@ -42,12 +42,22 @@ def env_default(name: str, convert: Callable[[str], T] | None = None) -> T | str
         raise ConfigError(f"environment variable {name}={raw!r} is not valid: {exc}") from exc
 
 
-def number(kind: Callable[[str], float], text: str, flag: str, *, minimum: float | None = None) -> float:
-    """`text` as an int or float, at least `minimum`; else a ConfigError naming the flag."""
+def number(
+    kind: Callable[[str], float],
+    text: str,
+    flag: str,
+    *,
+    minimum: float | None = None,
+    maximum: float | None = None,
+) -> float:
+    """`text` as an int or float, from `minimum` to `maximum`; else a ConfigError naming the flag."""
     try:
         value = kind(text)
     except ValueError:
-        raise ConfigError(f"{flag} {text!r} is not a {'whole ' if kind is int else ''}number") from None
+        raise ConfigError(f"{flag} {shown(text)} is not a {'whole ' if kind is int else ''}number") from None
     if minimum is not None and value < minimum:
-        raise ConfigError(f"{flag} must be at least {minimum:g}, got {text}")
+        raise ConfigError(f"{flag} must be at least {minimum:g}, got {shown_text(text)}")
+    if maximum is not None and value > maximum:
+        bound = int(maximum) if float(maximum).is_integer() else maximum
+        raise ConfigError(f"{flag} must be at most {bound}, got {shown_text(text)}")
     return value

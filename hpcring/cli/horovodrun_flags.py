@@ -280,9 +280,11 @@ def apply_config_file(args: argparse.Namespace) -> None:
         return
     import yaml
 
+    from hpcring.schedulers import safe_yaml
+
     try:
         with open(args.config_file) as f:
-            data = yaml.safe_load(f) or {}
+            data = safe_yaml.load(f) or {}
     except OSError as exc:
         raise ConfigError(f"--config-file {args.config_file!r} cannot be read: {exc.strerror}") from None
     except yaml.YAMLError as exc:

@@ -19,6 +19,7 @@ from hpcring.config import (
     ALGORITHMS,
     COLLECTIVE_TIMEOUT_VAR,
     DEFAULT_COLLECTIVE_TIMEOUT_S,
+    MAX_RANKS,
     TIMELINE_DYNAMIC,
     parse_timeout,
 )
@@ -273,9 +274,9 @@ def _yield(text: str) -> bool | None:
 def _np(args: argparse.Namespace) -> int:
     """-np, or in elastic mode the first world's lower bound (--min-np) when -np is not given."""
     if args.np is not None:
-        return int(number(int, str(args.np), "-np", minimum=1))
+        return int(number(int, str(args.np), "-np", minimum=1, maximum=MAX_RANKS))
     if args.min_np is not None:
-        return int(number(int, str(args.min_np), "--min-np", minimum=1))
+        return int(number(int, str(args.min_np), "--min-np", minimum=1, maximum=MAX_RANKS))
     raise ConfigError("-np N is required (the number of ranks), e.g. hpcring run -np 4 -- python train.py")
 
 
@@ -300,7 +301,7 @@ def build_spec(args: argparse.Namespace, flavour: str = "openmpi") -> LaunchSpec
     )
     emulate = None
     if args.emulate_nodes is not None:
-        emulate = int(number(int, str(args.emulate_nodes), "--emulate-nodes", minimum=1))
+        emulate = int(number(int, str(args.emulate_nodes), "--emulate-nodes", minimum=1, maximum=MAX_RANKS))
     command = list(args.command)
     if command[:1] == ["--"]:
         command = command[1:]

@@ -14,7 +14,9 @@ _NO_SHUTDOWN = 2  # this rank does not ask to shut down
 
 _NO_ABORT = 4  # this rank (the set's rank 0) does not ask to abort on a stall
 
-_ALL_FLAGS = _NO_NEW | _NO_SHUTDOWN | _NO_ABORT
+_NO_TIMEOUT = 8  # this rank (the set's rank 0) does not see a request unmatched past the collective timeout
+
+_ALL_FLAGS = _NO_NEW | _NO_SHUTDOWN | _NO_ABORT | _NO_TIMEOUT
 
 _FEW_BITS = 16  # below this many bits, Python ints pack faster than numpy
 

@@ -38,7 +38,8 @@ from typing import Any
 from hpcring.collective import kernels
 from hpcring.config import ALGORITHMS, EngineSettings
 from hpcring.contracts.elastic import HOST as ELASTIC_HOST
-from hpcring.engine.bitvector import _NO_ABORT, _NO_SHUTDOWN
+from hpcring.engine import unmatched
+from hpcring.engine.bitvector import _NO_ABORT, _NO_SHUTDOWN, _NO_TIMEOUT
 from hpcring.engine.caller_cycles import CallerCycles, wake_deferred
 from hpcring.engine.engine_state import EngineState
 from hpcring.engine.execution import Executor
@@ -51,7 +52,7 @@ from hpcring.engine.set_state import SetState
 from hpcring.engine.settings_check import check_settings_agree
 from hpcring.engine.timeline import Timeline
 from hpcring.engine.watchdog import EXCHANGE, NEGOTIATION, Watchdog
-from hpcring.errors import CollectiveError, ConfigError, choices
+from hpcring.errors import CollectiveError, CollectiveTimeoutError, ConfigError, choices
 
 log = logging.getLogger("hpcring.engine")
 
@@ -85,6 +86,7 @@ class Engine:
         self._next_set_id = 1
         self._stop_reason: str | None = None
         self._stopped = False  # the engine thread has ended (set under the lock; read on every submit)
+        self._timed_out = False  # a request waited past the collective timeout for ranks that never sent it
         self._shutdown_called = False
         self._cycle_no = 0
         self._tunes = 0  # Engine.tune calls on this rank: numbers their names
@@ -432,6 +434,8 @@ class Engine:
                 return True
             if not flags & _NO_ABORT:
                 self._abort_stalled(st)
+            if not flags & _NO_TIMEOUT:
+                self._unmatched_timeout(st)
             if responses:
                 watchdog.current = (EXCHANGE, st, responses)
                 if timeline is not None:
@@ -449,14 +453,30 @@ class Engine:
                 )
             self._state.closed = True
 
+    def _unmatched_timeout(self, st: SetState) -> None:
+        """A request of this set waited past the collective timeout for ranks that never submitted it (every
+        rank learns it in the same cycle): the watchdog says which ranks submitted what and ends this rank."""
+        if self._timed_out:
+            return
+        rows = st.unmatched or []
+        timeout = self._state.settings.collective_timeout_s
+        report = unmatched.describe(rows, st, time.monotonic(), timeout, self._watchdog.host)
+        with self._state.lock:
+            self._timed_out = True
+            if self._stop_reason is None:
+                self._stop_reason = report
+        submitted = any(self.world_rank in row.submitted for row in rows)
+        self._watchdog.expire_unmatched(report, submitted)
+
     def _fail_set(self, st: SetState, message: str) -> None:
         with self._state.lock:
             pending = list(st.inflight.values())
             st.inflight.clear()
             st.incoming.clear()
+        error = CollectiveTimeoutError if self._timed_out else CollectiveError
         for req in pending:
             if not req.handle.done():
-                req.handle.set_error(CollectiveError(f"{req.sig.op_type.value} {req.sig.name!r}: {message}"))
+                req.handle.set_error(error(f"{req.sig.op_type.value} {req.sig.name!r}: {message}"))
 
 
 def _duplicate(name: str) -> ValueError:

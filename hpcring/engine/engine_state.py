@@ -42,3 +42,12 @@ class EngineState:
     def work_pending(self) -> bool:
         """Anything in flight on this rank (engine lock held by the caller)."""
         return any(st.inflight for st in self.sets.values())
+
+
+def patience_s(settings: EngineSettings) -> float | None:
+    """How long a cached request waits before it goes through the negotiation table, where a stall warning
+    and the collective timeout can name the ranks missing it: half of whichever of the two comes first
+    (None: never, both are off)."""
+    stall = None if settings.stall_check_disable else settings.stall_check_time_s / 2
+    timeout = settings.collective_timeout_s / 2
+    return stall if timeout <= 0 or (stall is not None and stall <= timeout) else timeout

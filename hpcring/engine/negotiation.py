@@ -12,15 +12,18 @@ from typing import Any
 import numpy as np
 
 from hpcring.collective.kernels import wait_polled
+from hpcring.config import EngineSettings
+from hpcring.engine import unmatched
 from hpcring.engine.bitvector import (
     _ALL_FLAGS,
     _NO_ABORT,
     _NO_NEW,
     _NO_SHUTDOWN,
+    _NO_TIMEOUT,
     _pack_bits,
     _unpack_bits,
 )
-from hpcring.engine.engine_state import EngineState
+from hpcring.engine.engine_state import EngineState, patience_s
 from hpcring.engine.joined import _NO_STAND_IN
 from hpcring.engine.request import CACHEABLE, OpType, Signature
 from hpcring.engine.responses import _ALLREDUCE, _JOIN, _REQ_SIG, Response, _response
@@ -37,6 +40,8 @@ class Negotiator:
         self._state = state
         self._mpi = mpi
         self._stalls = StallInspector(state)
+        self._patience_of: EngineSettings | None = None  # the settings `_patience` was worked out for
+        self._patience: float | None = None
 
     def _agree(self, st: SetState, flags: int, hit: int, absent: int) -> tuple[int, int, int]:
         """Bitwise AND over the set's ranks of this rank's (flags, hit, absent) words (see `_vector`).
@@ -91,12 +96,14 @@ class Negotiator:
                 if req.sig.op_type in _NO_STAND_IN:
                     del cached_wait[bit]
                     outbox.append(req)
-        # Cached requests waiting long go through the table, where the stall inspector can name missing ranks.
-        # Scanned a few times per patience period, not every cycle (a fused step keeps hundreds cached).
+        # Cached requests waiting long go through the table, where the stall inspector and the collective
+        # timeout (unmatched.py) can name missing ranks. Scanned a few times per patience period, not every
+        # cycle (a fused step keeps hundreds cached).
         settings = self._state.settings
-        patience = settings.stall_check_time_s / 2
-        scan_due = now - st.last_patience_scan > patience / 4
-        if cached_wait and scan_due and not settings.stall_check_disable:
+        if settings is not self._patience_of:  # worked out once per settings object (a tune replaces it)
+            self._patience_of, self._patience = settings, patience_s(settings)
+        patience = self._patience
+        if cached_wait and patience is not None and now - st.last_patience_scan > patience / 4:
             st.last_patience_scan = now
             for bit, req in list(cached_wait.items()):
                 if now - req.submitted_at > patience:
@@ -114,6 +121,8 @@ class Negotiator:
             flags &= ~_NO_SHUTDOWN
         if st.abort:
             flags &= ~_NO_ABORT
+        if st.overdue:
+            flags &= ~_NO_TIMEOUT
         hit = _pack_bits(st.cached_wait, len(st.cached_wait))
         absent = hit ^ ((1 << 64 * st.cache.words) - 1)
         if st.local_join is not None:
@@ -136,6 +145,8 @@ class Negotiator:
         flags, hit, absent = self._agree(st, *self._vector(st))
         if st.id == 0 and not flags & _NO_SHUTDOWN:
             return [], flags
+        if not flags & _NO_TIMEOUT and st.unmatched is None:  # the table rank 0 judged, on every rank
+            st.unmatched = unmatched.snapshot(st)
         ready = hit & ~absent
         responses: list[Response] = []
         if ready:
@@ -153,6 +164,7 @@ class Negotiator:
         if st.rank == 0 and now - st.last_stall_check > _STALL_CHECK_EVERY_S:
             st.last_stall_check = now
             self._stalls.check(st, now)
+            st.overdue = st.overdue or unmatched.overdue(st, now, self._state.settings.collective_timeout_s)
         return responses, flags
 
     def _exchange(self, st: SetState, timeline: Timeline | None, now: float) -> None:

@@ -45,6 +45,8 @@ class SetState:
         self.joined: list[int] = []  # set ranks, in the order their join became known
         self.local_join: Request | None = None
         self.abort = False  # set rank 0 decided to abort on a stall
+        self.overdue = False  # set rank 0 saw a request unmatched past the collective timeout (unmatched.py)
+        self.unmatched: list[Any] | None = None  # the table when every rank learnt of it (unmatched.snapshot)
         self.fusion = np.empty(0, dtype=np.uint8)
         self.last_stall_check = 0.0
         self.last_patience_scan = 0.0

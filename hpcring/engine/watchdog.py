@@ -91,6 +91,7 @@ class Watchdog:
         self._roll_call = roll_call
         self._exit = exit_process
         self._stop = threading.Event()
+        self._once = threading.Lock()  # held by the first expiry
         self._thread: threading.Thread | None = None
         self.fired: str | None = None  # the error message, once expired
         self._seen: Activity | None = None  # the record the last poll saw, and since when
@@ -156,7 +157,7 @@ class Watchdog:
         """The error: what this rank was doing, for how long, and which peers it was waiting on; `heard`:
         the peers that answered the roll call (None: it could not run)."""
         phase, st, responses = cur
-        where = f"rank {self._rank} (host {self._host(self._rank)})"
+        where = f"rank {self._rank} (host {self.host(self._rank)})"
         if phase == EXCHANGE:
             what = f"{_ops(responses or ())} in process set {st.id}"
             head = f"{what} has not completed {waited:.1f} s after every rank submitted it"
@@ -193,15 +194,31 @@ class Watchdog:
         )
 
     def _listing(self, ranks: Sequence[int]) -> str:
-        return ", ".join(f"{r} (host {self._host(r)})" for r in ranks)
+        return ", ".join(f"{r} (host {self.host(r)})" for r in ranks)
 
-    def _host(self, rank: int) -> str:
+    def host(self, rank: int) -> str:
+        """The host of a world rank, as gathered when the engine started."""
         return self._hosts[rank] if 0 <= rank < len(self._hosts) else "unknown"
+
+    def expire_unmatched(self, report: str, submitted: bool) -> None:
+        """Every rank of a set learnt in the same cycle that a request waited past the timeout for ranks that
+        never submitted it (unmatched.py): say `report` and end this rank, the way an expired exchange does,
+        on a thread of its own so the cycle's thread (maybe a caller's) can see the error meanwhile.
+        `submitted`: whether this rank submitted any of the waiting requests."""
+        mine = "" if submitted else " This rank submitted none of them."
+        message = (
+            f"hpcring: collective timeout on rank {self._rank} (host {self.host(self._rank)}): {report}"
+            f"{mine} (HPCRING_COLLECTIVE_TIMEOUT={self.timeout_s:g})."
+        )
+        threading.Thread(target=self._expire, args=(message,), name="hpcring-timeout", daemon=True).start()
 
     def _expire(self, message: str) -> None:
         """Say it; after GRACE_S (the other survivors' watchdogs fire up to a poll later and must say theirs
         before the first to exit makes the launcher end the job) raise it to Python, where a waiter can see
-        it, for HANDOFF_S; then end the process."""
+        it, for HANDOFF_S; then end the process. Once: an expired exchange and an unmatched request race.
+        """
+        if not self._once.acquire(blocking=False):
+            return
         self.fired = message
         status = exit_status()
         _say(f"{message} Ending this rank with exit status {status} (no MPI_Finalize).")

@@ -85,8 +85,12 @@ def _fail(exc: BaseException, fd: int | None) -> int:
         link.__traceback__ = user_traceback(link.__traceback__)
         link = link.__cause__ or link.__context__
     tb = exc.__traceback__
-    report.send(fd, report.of_exception(exc, tb))
-    sys.excepthook(type(exc), exc, tb)
+    sent = report.of_exception(exc, tb)
+    report.send(fd, sent)
+    if sent.kind == report.DISK:  # one line says it all: the folder and the bytes needed
+        print(sent.summary, file=sys.stderr, flush=True)
+    else:
+        sys.excepthook(type(exc), exc, tb)
     return _exception_status(exc)
 
 

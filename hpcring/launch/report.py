@@ -10,6 +10,7 @@ torch.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import traceback
@@ -21,6 +22,7 @@ from hpcring.contracts import elastic as contract
 
 REPORT_FD = "HPCRING_REPORT_FD"  # the wrapper's pipe, in the runner's environment only
 MAX_TEXT = 8192  # a traceback longer than this (deep recursion) keeps its last part
+DISK = "disk"  # ErrorReport.kind of a write that found its file system full (ENOSPC, EDQUOT)
 
 
 @dataclass(frozen=True)
@@ -28,7 +30,7 @@ class ErrorReport:
     """One rank's failure: what (`summary`), where (`where`), the printed traceback, and whether the rank had
     committed elastic state first (None when nobody said)."""
 
-    kind: str  # "exception" | "exit"
+    kind: str  # "exception" | "exit" | "disk" (DISK)
     summary: str  # "AttributeError: module 'x' has no attribute 'y'" | "exit code 2"
     where: str = ""  # innermost frame, 'FILE:LINE in FUNCTION'
     text: str = ""
@@ -76,11 +78,15 @@ def _committed() -> bool:
 
 
 def of_exception(exc: BaseException, tb: types.TracebackType | None) -> ErrorReport:
-    """The report of an exception (tb: its traceback as printed, the launcher's frames left out)."""
+    """The report of an exception (tb: its traceback as printed, the launcher's frames left out). A full
+    file system is its own kind, DISK: neither the script's fault nor its host's, and its one line (the
+    folder, the bytes needed) says all a traceback would."""
+    summary = "".join(traceback.format_exception_only(type(exc), exc)).strip().splitlines()[-1]
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return ErrorReport(DISK, summary, _where(tb), "", _committed())
     text = "".join(traceback.format_exception(type(exc), exc, tb))
     if len(text) > MAX_TEXT:
         text = "...\n" + text[-MAX_TEXT:]
-    summary = "".join(traceback.format_exception_only(type(exc), exc)).strip().splitlines()[-1]
     return ErrorReport("exception", summary, _where(tb), text, _committed())
 
 

@@ -143,6 +143,8 @@ class Supervisor:
         self.conns: dict[int, Conn] = {}  # by rank, once known
         self.failure: tuple[int, str, int] | None = None  # (rank, how, exit status) of the first failure
         self.failures: list[RankFailure] = []  # every rank that failed on its own, in order
+        # (rank, what) of each rank that exited 0 while others still ran (`_left_early`)
+        self.left: list[tuple[int, str]] = []
         self.hold_until: float | None = None  # elastic: others run on until then (VERDICT_HOLD_S)
         self.interrupted: int | None = None
         self.warned: int | None = None  # the wall-clock warning passed on to the ranks (SIGUSR1/SIGUSR2)
@@ -212,6 +214,9 @@ class Supervisor:
             self._note(f"rank {rank} {how}{what}")
             return
         self.failure = (rank, how, status)
+        if self.left and (error is None or error.kind != "exception"):  # not its own error: the leaver's
+            self._note(self.left[0][1])
+            what = f"{what}, after rank {self.left[0][0]} left"
         if self.elastic and error is not None and error.committed is not True:
             self.hold_until = time.monotonic() + VERDICT_HOLD_S
             self._note(f"rank {rank} {how}{what}")
@@ -476,6 +481,8 @@ class Supervisor:
             assert conn.rank is not None
             self._reset(conn.rank)
             return
+        if sig_i is None and code_i == 0:
+            self._left_early(conn)
         if sig_i is not None or code_i != 0:
             assert conn.rank is not None
             error = None
@@ -488,6 +495,19 @@ class Supervisor:
             if isinstance(reason, str):
                 how = f"on {conn.host} {_clip(reason)}"
             self._fail(conn.rank, how, exit_status(code_i, sig_i), error if reason is None else None)
+
+    def _left_early(self, conn: Conn) -> None:
+        """A rank exited 0 while others still run. When one of them then fails without an error of its own
+        (killed by mpiexec, lost, an exit status), the leaver is the cause and is named with that failure."""
+        others = sorted(r for r, c in self.conns.items() if not c.exited)
+        if others:
+            word = "rank" if len(others) == 1 else "ranks"
+            what = (
+                f"rank {conn.rank} (host {conn.host}) left the job: it exited with code 0 while {word} "
+                f"{', '.join(map(str, others))} still ran (os._exit, or a return before the others' last "
+                "collective)"
+            )
+            self.left.append((conn.rank or 0, what))
 
     def _relay(self, key: selectors.SelectorKey) -> None:
         out: MpiOutput = key.data

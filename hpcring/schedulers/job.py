@@ -15,8 +15,9 @@ from typing import Any
 
 import yaml
 
+from hpcring.config import MAX_RANKS  # the job schema's maximum for `ranks` too
 from hpcring.errors import ConfigError
-from hpcring.schedulers import requeue, textfile, walltime
+from hpcring.schedulers import requeue, safe_yaml, textfile, walltime
 from hpcring.schedulers.requeue import RequeueSpec
 from hpcring.schedulers.validation import validate
 
@@ -79,6 +80,14 @@ def check(data: Mapping[str, Any], where: str, label: Callable[[str], str] | Non
     file, empty for flags.
     """
     validate(data, "job", where, ConfigError, label)
+    nodes, per_node = data.get("nodes"), data.get("ranks_per_node")
+    if isinstance(nodes, int) and isinstance(per_node, int) and nodes * per_node > MAX_RANKS:
+        prefix = f"{where}: " if where else ""
+        name = label or (lambda key: key)
+        raise ConfigError(
+            f"{prefix}{name('nodes')} x {name('ranks_per_node')}: {nodes} x {per_node} ranks are too many; "
+            f"allowed: at most {MAX_RANKS} ranks"
+        )
     if "time" not in data:
         return None
     try:
@@ -130,7 +139,7 @@ def load(path: str | Path) -> JobSpec:
     p = Path(path)
     text = textfile.read_text(p, "job file", ConfigError)
     try:
-        data = yaml.safe_load(text)
+        data = safe_yaml.load(text)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{p}: not valid YAML: {exc}") from exc
     if not isinstance(data, dict):

@@ -17,7 +17,7 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-from hpcring.errors import ConfigError
+from hpcring.errors import ConfigError, shown_text
 from hpcring.schedulers.kubernetes_batch import API_VERSION, KIND
 from hpcring.schedulers.validation import yaml_path
 
@@ -118,7 +118,7 @@ def errors(obj: Any) -> list[str]:
 
     validator = jsonschema.Draft202012Validator(strict_schema())
     found = [
-        f"{yaml_path(e.absolute_path)}: {e.message}"
+        f"{shown_text(yaml_path(e.absolute_path))}: {shown_text(e.message)}"
         for e in sorted(validator.iter_errors(obj), key=lambda e: yaml_path(e.absolute_path))
     ]
     if isinstance(obj, dict):

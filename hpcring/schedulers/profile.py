@@ -23,6 +23,7 @@ from hpcring.schedulers import (
     cpuset,
     kubernetes_options,
     network,
+    safe_yaml,
     site_options,
     textfile,
     walltime,
@@ -79,6 +80,9 @@ def source_of(name_or_path: str) -> tuple[str, str]:
     raise ProfileError(f"unknown profile {name_or_path!r}; built-in profiles: {choices(builtin_names())}")
 
 
+MAX_PARTITIONS = 1024  # the profile schemas' maxItems for `partitions`
+
+
 def read_text(path: Path) -> str:
     """A profile file's text, or one ProfileError line saying why it cannot be read (never a traceback)."""
     return textfile.read_text(path, "profile file", ProfileError)
@@ -93,9 +97,15 @@ def load(name_or_path: str) -> Profile:
 def parse(text: str, where: str = "<profile>") -> Profile:
     """Parse YAML text into a validated Profile."""
     try:
-        data = yaml.safe_load(text)
+        data = safe_yaml.load(text)
     except yaml.YAMLError as exc:
         raise ProfileError(f"{where}: not valid YAML: {exc}") from exc
+    site = data.get("site") if isinstance(data, dict) else None
+    parts = site.get("partitions") if isinstance(site, dict) else None
+    if isinstance(parts, list) and len(parts) > MAX_PARTITIONS:  # said before validating each of them
+        raise ProfileError(
+            f"{where}: site.partitions: {len(parts)} are too many; allowed: at most {MAX_PARTITIONS}"
+        )
     validate(data, "profile", where, ProfileError)
     return build(data, where, text)
 

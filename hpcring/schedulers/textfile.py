@@ -6,6 +6,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+# The largest profile or job file read: the built-in profiles are under 8 KiB. A bigger one would only make
+# the parser and the validation slow (a million partitions took minutes); it is refused before it is read.
+MAX_BYTES = 1 << 20
+
 
 def read_text(path: Path, what: str, error: Callable[[str], Exception]) -> str:
     """The text of `path` (a `what`: "profile file", "job file"), or `error(message)` saying why not."""
@@ -14,9 +18,12 @@ def read_text(path: Path, what: str, error: Callable[[str], Exception]) -> str:
     if not path.exists():
         raise error(f"{what} {str(path)!r} does not exist")
     try:
-        data = path.read_bytes()
+        with path.open("rb") as f:
+            data = f.read(MAX_BYTES + 1)
     except OSError as exc:
         raise error(f"{what} {str(path)!r} cannot be read: {exc.strerror or exc}") from exc
+    if len(data) > MAX_BYTES:
+        raise error(f"{what} {str(path)!r} is larger than {MAX_BYTES} bytes, the most allowed")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:

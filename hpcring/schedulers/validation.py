@@ -12,7 +12,7 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-from hpcring.errors import choices
+from hpcring.errors import choices, shown, shown_text
 
 SCHEMA_PACKAGE = "hpcring.schedulers"
 
@@ -61,7 +61,7 @@ def pick_version(data: object, name: str, where: str, error: Callable[[str], Exc
     asked = data["schema_version"]
     if type(asked) is int and asked in shipped:
         return asked
-    raise error(f"{where}: schema_version: {asked!r} is not allowed; allowed: {choices(shipped)}")
+    raise error(f"{where}: schema_version: {shown(asked)} is not allowed; allowed: {choices(shipped)}")
 
 
 def yaml_path(parts: Iterable[object]) -> str:
@@ -80,38 +80,41 @@ def _describe(error: Any) -> str:
     v = error.validator
     inst = error.instance
     if v == "enum":
-        return f"{inst!r} is not allowed; allowed: {choices(error.validator_value)}"
+        return f"{shown(inst)} is not allowed; allowed: {choices(error.validator_value)}"
     if v == "const":
-        return f"{inst!r} is not allowed; allowed: {error.validator_value!r}"
+        return f"{shown(inst)} is not allowed; allowed: {shown(error.validator_value)}"
     if v == "additionalProperties":
         allowed = sorted(error.schema.get("properties", {}))
-        extra = sorted(set(inst) - set(allowed)) if isinstance(inst, dict) else []
+        extra = sorted(set(inst) - set(allowed), key=str)[:10] if isinstance(inst, dict) else []
         return f"unknown key {choices(extra)}; allowed keys: {choices(allowed)}"
     if v == "required":
         return f"missing {error.message.split(' is a required')[0]}"
     if v == "type":
-        return f"{inst!r} has the wrong type; expected {choices(_as_list(error.validator_value))}"
+        return f"{shown(inst)} has the wrong type; expected {choices(_as_list(error.validator_value))}"
     if v == "minimum":
-        return f"{inst!r} is too small; allowed: {error.validator_value!r} or more"
+        return f"{shown(inst)} is too small; allowed: {error.validator_value!r} or more"
     if v == "maximum":
-        return f"{inst!r} is too large; allowed: {error.validator_value!r} or less"
+        return f"{shown(inst)} is too large; allowed: {error.validator_value!r} or less"
+    if v == "maxItems":
+        count = len(inst) if isinstance(inst, list) else "?"
+        return f"{count} items are too many; allowed: at most {error.validator_value!r}"
     if v == "minItems":
-        return f"{inst!r} is too short; allowed: at least {error.validator_value!r} item(s)"
+        return f"{shown(inst)} is too short; allowed: at least {error.validator_value!r} item(s)"
     if v == "minLength":
-        return f"{inst!r} is too short; allowed: at least {error.validator_value!r} character(s)"
+        return f"{shown(inst)} is too short; allowed: at least {error.validator_value!r} character(s)"
     if v == "uniqueItems":
-        return f"{inst!r} lists an item more than once; list each one once"
+        return f"{shown(inst)} lists an item more than once; list each one once"
     if v == "pattern":
-        return f"{inst!r} does not match the expected form {error.validator_value!r}"
+        return f"{shown(inst)} does not match the expected form {error.validator_value!r}"
     if v == "oneOf":
         # Each alternative's own description says what it is; the whole's description is the fallback.
         descs = [s.get("description") for s in error.schema.get("oneOf", []) if isinstance(s, dict)]
         named = [d for d in descs if d]
         hint = " or ".join(named) if len(named) == len(descs) else error.schema.get("description")
-        return f"{inst!r} is not allowed{'; allowed: ' + hint if hint else ''}"
+        return f"{shown(inst)} is not allowed{'; allowed: ' + hint if hint else ''}"
     if v == "not":
         return "'command' and 'steps' are mutually exclusive; give one of them"
-    return str(error.message)
+    return shown_text(str(error.message))
 
 
 def _as_list(value: object) -> Sequence[object]:
@@ -140,6 +143,6 @@ def validate(
     if errors:
         first = errors[0]
         # oneOf reports its own children as context; the most specific child helps more when there is one.
-        path = yaml_path(first.absolute_path)
+        path = shown_text(yaml_path(first.absolute_path))
         prefix = f"{where}: " if where else ""
         raise error(f"{prefix}{label(path) if label else path}: {_describe(first)}")

@@ -8,6 +8,7 @@ from typing import Any
 from hpcring import _deps
 from hpcring.collective import dtypes
 from hpcring.engine import OpType, ProcessSet, Request, global_process_set
+from hpcring.errors import ArgumentError
 from hpcring.torch import adasum_rules, basics
 from hpcring.torch.compression import Compression
 from hpcring.torch.graph import run_op
@@ -26,6 +27,7 @@ from hpcring.torch.op_handles import (
 from hpcring.torch.tensors import (
     PLAIN_DTYPES,
     TENSOR,
+    TENSOR_ERRORS,
     _check_dtype,
     _check_scale,
     _queue,
@@ -33,8 +35,11 @@ from hpcring.torch.tensors import (
     _submit,
     _view,
     fresh_output,
+    group_problem,
     host_array,
     new_signature,
+    require_group,
+    tensor_problem,
 )
 
 _deps.torch()  # a missing torch becomes BackendUnavailable naming the install command
@@ -123,8 +128,14 @@ def allreduce_async(
 ) -> int:
     """Start averaging/summing `tensor` over the ranks (the input is not modified); returns a handle."""
     op = handle_average_backwards_compatibility(op, average)
-    output = fresh_output(tensor)
-    return _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor, process_set)
+    try:
+        output = fresh_output(tensor)
+        return _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor, process_set)
+    except TENSOR_ERRORS:
+        problem = tensor_problem(tensor, "allreduce")
+        if problem is None:
+            raise
+        raise problem from None
 
 
 def allreduce_async_(
@@ -138,7 +149,13 @@ def allreduce_async_(
 ) -> int:
     """In-place allreduce_async: the result lands in `tensor`."""
     op = handle_average_backwards_compatibility(op, average)
-    return _allreduce_async(tensor, tensor, name, op, prescale_factor, postscale_factor, process_set)
+    try:
+        return _allreduce_async(tensor, tensor, name, op, prescale_factor, postscale_factor, process_set)
+    except TENSOR_ERRORS:
+        problem = tensor_problem(tensor, "allreduce")
+        if problem is None:
+            raise
+        raise problem from None
 
 
 class HorovodAllreduce(torch.autograd.Function):  # type: ignore[misc]
@@ -238,13 +255,25 @@ def _grouped_allreduce_submit(
 ) -> int:
     """Submit one `single` allreduce per tensor (in place or not) as one atomic, fusable group."""
     op = handle_average_backwards_compatibility(op, average)
-    names = _group_names("allreduce", name, len(tensors), process_set)
-    return _submit_group(
-        lambda: [
-            single(t, None, n, op, prescale_factor, postscale_factor, process_set)
-            for t, n in zip(tensors, names, strict=True)
-        ]
-    )
+    # Only a list or tuple: a tensor would be taken row by row.
+    if type(tensors) is not list and not isinstance(tensors, (list, tuple)):
+        raise ArgumentError(
+            "grouped_allreduce: argument 'tensors' must be a list or tuple of torch.Tensor, got "
+            f"{type(tensors).__name__}"
+        )
+    try:
+        names = _group_names("allreduce", name, len(tensors), process_set)
+        return _submit_group(
+            lambda: [
+                single(t, None, n, op, prescale_factor, postscale_factor, process_set)
+                for t, n in zip(tensors, names, strict=True)
+            ]
+        )
+    except TENSOR_ERRORS:
+        problem = group_problem(tensors, "grouped_allreduce")
+        if problem is None:
+            raise
+        raise problem from None
 
 
 class HorovodGroupedAllreduce(torch.autograd.Function):  # type: ignore[misc]
@@ -283,6 +312,7 @@ def grouped_allreduce(
     process_set: ProcessSet = global_process_set,
 ) -> list[Any]:
     """Allreduce a list of tensors together; differentiable; inputs unchanged."""
+    require_group(tensors, "grouped_allreduce")
     pairs = [compression.compress(t) for t in tensors]
     wire = [p[0] for p in pairs]
     reduced = run_op(

@@ -37,6 +37,8 @@ from hpcring.torch.tensors import (
     _tensor_of,
     _view,
     fresh_output,
+    require,
+    require_group,
 )
 
 _deps.torch()  # a missing torch becomes BackendUnavailable naming the install command
@@ -77,6 +79,7 @@ class HorovodAllgather(torch.autograd.Function):  # type: ignore[misc]
 
 def allgather(tensor: Any, name: str | None = None, process_set: ProcessSet = global_process_set) -> Any:
     """Concatenation of every rank's `tensor` along dim 0; differentiable."""
+    require(tensor, "allgather")
     return run_op(HorovodAllgather, (tensor,), tensor, name, process_set)
 
 
@@ -84,6 +87,7 @@ def grouped_allgather_async(
     tensors: Sequence[Any], name: str | None = None, process_set: ProcessSet = global_process_set
 ) -> int:
     """allgather_async of a list of tensors under one handle."""
+    require_group(tensors, "grouped_allgather")
     names = _group_names("allgather", name, len(tensors), process_set)
     return _submit_group(
         lambda: [allgather_async(t, n, process_set) for t, n in zip(tensors, names, strict=True)]
@@ -115,6 +119,7 @@ def grouped_allgather(
     tensors: Sequence[Any], name: str | None = None, process_set: ProcessSet = global_process_set
 ) -> tuple[Any, ...]:
     """Allgather a list of tensors together; differentiable. A tuple, as Horovod's (autograd's) result."""
+    require_group(tensors, "grouped_allgather")
     return tuple(run_op(HorovodGroupedAllgather, tensors, name, process_set, *tensors))
 
 
@@ -162,6 +167,7 @@ def broadcast_async(
     tensor: Any, root_rank: int, name: str | None = None, process_set: ProcessSet = global_process_set
 ) -> int:
     """Start broadcasting root_rank's `tensor` (a world rank, as Horovod); the input is not modified."""
+    require(tensor, "broadcast")
     output = fresh_output(tensor)
     return _broadcast_async(tensor, output, root_rank, name, process_set)
 
@@ -384,6 +390,7 @@ def grouped_reducescatter_async(
     postscale_factor: float = 1.0,
 ) -> int:
     """reducescatter_async of a list of tensors under one handle."""
+    require_group(tensors, "grouped_reducescatter")
     names = _group_names("reducescatter", name, len(tensors), process_set)
     return _submit_group(
         lambda: [
@@ -416,6 +423,7 @@ def grouped_reducescatter(
     postscale_factor: float = 1.0,
 ) -> list[Any]:
     """Reducescatter a list of tensors together; differentiable."""
+    require_group(tensors, "grouped_reducescatter")
     pairs = [compression.compress(t) for t in tensors]
     wire = [p[0] for p in pairs]
     outs = run_op(
@@ -431,6 +439,7 @@ def sparse_allreduce_async(
 
     Returns a callable: calling it (or passing it to synchronize) waits and gives the reduced sparse tensor.
     """
+    require(tensor, "sparse_allreduce_async", layout=torch.sparse_coo)
     t = tensor.coalesce() if not tensor.is_coalesced() else tensor
     indices_handle = allgather_async(
         t._indices().transpose(0, 1).contiguous(), name=f"{name}.indices", process_set=process_set

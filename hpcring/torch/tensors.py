@@ -14,6 +14,7 @@ from hpcring.collective import dtypes
 from hpcring.collective.arrays import numpy_view, to_kind
 from hpcring.engine import Handle, OpType, ProcessSet, Request, Signature, device_routes
 from hpcring.engine.request import signature_shape
+from hpcring.errors import ArgumentError
 from hpcring.torch import basics
 from hpcring.torch.op_handles import _tls
 
@@ -46,11 +47,61 @@ PLAIN_DTYPES: dict[Any, str] = {
 _dtype_names: dict[Any, str] = dict(PLAIN_DTYPES)
 
 
-def _check_dtype(t: Any, what: str) -> str:
+def tensor_problem(t: Any, what: str, arg: str = "tensor", layout: Any = None) -> ArgumentError | None:
+    """What is wrong with `t` as argument `arg` of `what`, if it is not a torch.Tensor of `layout` (default:
+    dense, torch.strided): the error names the argument and what it takes."""
+    wanted = torch.strided if layout is None else layout
     if not isinstance(t, torch.Tensor):
-        raise ValueError(f"{what}: expected a torch.Tensor, got {type(t).__name__}")
-    if t.is_sparse:
-        raise ValueError(f"{what}: sparse tensors are not supported here (use sparse_allreduce_async)")
+        kind = "a sparse COO torch.Tensor" if wanted is torch.sparse_coo else "a torch.Tensor"
+        return ArgumentError(f"{what}: argument {arg!r} must be {kind}, got {type(t).__name__}")
+    if t.layout is wanted:
+        return None
+    has, takes = str(t.layout).removeprefix("torch."), str(wanted).removeprefix("torch.")
+    hint = ""
+    if t.layout is torch.sparse_coo and what in ("allreduce", "grouped_allreduce"):
+        hint = "; for sparse gradients: sparse_allreduce_async or DistributedOptimizer(sparse_as_dense=True)"
+    elif wanted is torch.strided:
+        hint = "; convert it with .to_dense()"
+    takes = "dense (strided)" if wanted is torch.strided else takes
+    return ArgumentError(f"{what}: argument {arg!r} has layout {has}; {what} takes {takes} tensors{hint}")
+
+
+def group_problem(tensors: Any, what: str) -> ArgumentError | None:
+    """`tensor_problem` for a group: not a list or tuple, or the first element that is not a dense tensor."""
+    if not isinstance(tensors, (list, tuple)):
+        got = type(tensors).__name__
+        return ArgumentError(f"{what}: argument 'tensors' must be a list or tuple of torch.Tensor, got {got}")
+    for i, t in enumerate(tensors):
+        problem = tensor_problem(t, what, f"tensors[{i}]")
+        if problem is not None:
+            return problem
+    return None
+
+
+def require(t: Any, what: str, arg: str = "tensor", layout: Any = None) -> None:
+    """Raise `tensor_problem`'s error, if any (where a check up front costs nothing that matters)."""
+    problem = tensor_problem(t, what, arg, layout)
+    if problem is not None:
+        raise problem
+
+
+def require_group(tensors: Any, what: str) -> None:
+    """Raise `group_problem`'s error, if any."""
+    problem = group_problem(tensors, what)
+    if problem is not None:
+        raise problem
+
+
+# What a collective's fast path raises when given a non-tensor or a layout it does not take: the entry points
+# then ask `tensor_problem`/`group_problem` for the error that names the argument (the fast path stays as
+# it is: a `try` costs nothing until something raises).
+TENSOR_ERRORS = (TypeError, ValueError, RuntimeError, AttributeError)
+
+
+def _check_dtype(t: Any, what: str, arg: str = "tensor") -> str:
+    problem = tensor_problem(t, what, arg)
+    if problem is not None:
+        raise problem
     name = _dtype_names.get(t.dtype)
     if name is None:
         name = str(t.dtype).removeprefix("torch.")

@@ -11,6 +11,7 @@ job ends, and never says the script is at fault. Here:
   two or more hosts of the world: the script's failure;
 - the same error as a failure already blamed on another host in an earlier world: the script's failure (the
   error followed the job to a new host);
+- a full disk (report.DISK) on any rank: nobody's, the job ends (a relaunch would fill it again);
 - any other error (one host only, seen there first): the host's failure, in doubt, as before; the second
   strike above catches a script whose error shows on one rank only (`if rank == 0: ...`).
 """
@@ -20,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from hpcring.launch.report import ErrorReport, RankFailure
+from hpcring.launch.report import DISK, ErrorReport, RankFailure
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,12 @@ class Judge:
     def judge(self, failures: Sequence[RankFailure], world: Sequence[str], generation: int) -> Verdict:
         """`failures` in the order they happened; `world`: the host of each rank."""
         first = failures[0]
+        full = [
+            f for f in failures if f.error is not None and f.error.kind == DISK and 0 <= f.rank < len(world)
+        ]
+        if full:  # a full disk: nobody's fault a relaunch would cure, and no host to blacklist
+            ranks = tuple(sorted(f.rank for f in full))
+            return Verdict(True, None, full[0], ranks, tuple(dict.fromkeys(world[r] for r in ranks)))
         if first.error is None or not 0 <= first.rank < len(world):
             host = world[first.rank] if 0 <= first.rank < len(world) else None
             return Verdict(False, host, first, (first.rank,), (host,) if host else ())
@@ -69,6 +76,12 @@ def explain(verdict: Verdict, generation: int) -> str:
     error = verdict.failure.error
     ranks = ", ".join(map(str, verdict.ranks))
     hosts = ", ".join(verdict.hosts)
+    if error.kind == DISK:
+        word = "rank" if len(verdict.ranks) == 1 else "ranks"
+        return (
+            f"{word} {ranks} on {hosts}: {error.summary}; a full disk, not a host's or the script's fault: "
+            "ending the job without relaunching (no host blacklisted)"
+        )
     if verdict.earlier is not None and len(verdict.hosts) < 2:
         gen, host = verdict.earlier
         why = (

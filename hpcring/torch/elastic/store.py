@@ -15,7 +15,7 @@ tensors or picklable values.
 
 from __future__ import annotations
 
-import mmap
+import contextlib
 import os
 import pickle
 import struct
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hpcring import _deps
+from hpcring import _deps, files
 
 MAGIC = b"HPCRCMT1"
 _LEN = struct.Struct("<Q")
@@ -178,48 +178,76 @@ def peek_seq(path: str | Path) -> int | None:
         return None
 
 
+def write_file(fd: int, lay: Layout) -> None:
+    """`fill` for an open file of lay.size bytes, with checked writes: invalidate, write the tensors and the
+    header, fsync, validate last (a writer killed half way, or a failed write, leaves no commit)."""
+    files.write_at(fd, bytes(len(MAGIC)), 0)
+    for flat, offset in zip(lay.flats, lay.offsets, strict=True):
+        if flat.numel():
+            files.write_at(fd, flat.numpy(), offset)
+    base = lay.offsets[0] if lay.offsets else _FIXED + len(lay.header)
+    files.write_at(fd, _LEN.pack(len(lay.header)) + _LEN.pack(base) + lay.header, len(MAGIC))
+    os.fsync(fd)
+    files.write_at(fd, MAGIC, 0)
+
+
 class CommitStore:
     """The commit files of one node's ranks in `directory`.
 
-    This rank keeps two files, `rank-<r>.0.commit` and `rank-<r>.1.commit`, memory-mapped for as long as the
-    store lives, and overwrites the older one at each commit: after the first commit a commit is a copy into
-    pages that already exist (no allocation, no page faults), and the other file holds the previous commit
-    while one is being written."""
+    This rank keeps two files, `rank-<r>.0.commit` and `rank-<r>.1.commit`, open for as long as the store
+    lives, and overwrites the older one at each commit: after the first commit a commit is a copy into space
+    the file system already gave it, and the other file holds the previous commit while one is written.
+    Never memory-mapped: a mapped page the file system cannot back (a full tmpfs) is a SIGBUS, not an error.
+    The space is reserved when a file takes its size (`files.reserve`), so a full disk is a DiskFullError
+    there, naming the folder and the bytes needed, and every write after it is checked too."""
 
     def __init__(self, directory: str | Path, rank: int) -> None:
         self.directory = Path(directory)
         self.rank = rank
         self.paths = [self.directory / f"rank-{rank}.{slot}{SUFFIX}" for slot in (0, 1)]
-        self._maps: dict[int, mmap.mmap] = {}
+        self._fds: dict[int, tuple[int, int]] = {}  # slot -> (open descriptor, size reserved)
         # Overwrite the older of the two files a previous world may have left, never the newer.
         self._seqs = [s if (s := peek_seq(p)) is not None else -1 for p in self.paths]
         self.path = self.paths[0]  # the last commit written by this rank
 
     def write(self, seq: int, obj: Any) -> Path:
-        """Write the commit into the older of this rank's two files."""
+        """Write the commit into the older of this rank's two files (DiskFullError when it does not fit)."""
         lay = layout(seq, obj)
         slot = 0 if self._seqs[0] <= self._seqs[1] else 1
         self._seqs[slot] = -1
-        fill(self._map(slot, lay.size), lay)
+        try:
+            write_file(self._file(slot, lay.size), lay)
+        except OSError as exc:
+            self._drop(slot)  # free what the failed commit took: the other file keeps the last good one
+            err = files.disk_full(exc, "an elastic commit (HPCRING_ELASTIC_DIR)", self.directory, lay.size)
+            if err is exc:
+                raise
+            raise err from exc
         self._seqs[slot] = seq
         self.path = self.paths[slot]
         return self.path
 
-    def _map(self, slot: int, size: int) -> mmap.mmap:
-        current = self._maps.get(slot)
-        if current is not None and len(current) == size:
-            return current
-        if current is not None:
-            current.close()
+    def _file(self, slot: int, size: int) -> int:
+        current = self._fds.get(slot)
+        if current is not None and current[1] == size:
+            return current[0]
         self.directory.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.paths[slot], os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            os.ftruncate(fd, size)
-            mapped = mmap.mmap(fd, size)
-        finally:
-            os.close(fd)
-        self._maps[slot] = mapped
-        return mapped
+        if current is None:
+            fd = os.open(self.paths[slot], os.O_RDWR | os.O_CREAT, 0o600)
+            self._fds[slot] = (fd, -1)
+        else:
+            fd = current[0]
+        files.reserve(fd, size)
+        self._fds[slot] = (fd, size)
+        return fd
+
+    def _drop(self, slot: int) -> None:
+        """Close and empty a slot's file after a failed commit (no half commit, no space held)."""
+        current = self._fds.pop(slot, None)
+        if current is not None:
+            with contextlib.suppress(OSError):
+                os.ftruncate(current[0], 0)
+            os.close(current[0])
 
     def newest(self) -> tuple[int, Path] | None:
         """The newest commit on this node, whichever rank of whichever world wrote it."""
@@ -234,8 +262,8 @@ class CommitStore:
 
     def remove_own(self) -> None:
         """Drop this rank's commits (the job finished: nothing to resume)."""
-        for m in self._maps.values():
-            m.close()
-        self._maps.clear()
+        for fd, _size in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
         for path in self.paths:
             path.unlink(missing_ok=True)

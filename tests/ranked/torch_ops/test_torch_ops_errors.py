@@ -9,6 +9,8 @@ from types import ModuleType
 import pytest
 import torch
 
+from hpcring.errors import ArgumentError
+
 
 def others(n: int) -> str:
     """How the message lists every rank but 1 (rank 1 is the odd one out in these tests)."""
@@ -106,3 +108,64 @@ def test_synchronous_value_errors(hvd: ModuleType) -> None:
         hvd.allreduce(torch.ones(2, dtype=torch.complex64))
     with pytest.raises(ValueError, match="bool"):
         hvd.allreduce(torch.ones(2, dtype=torch.bool), op=hvd.Sum)
+
+
+def test_every_op_names_the_argument_it_cannot_take(hvd: ModuleType) -> None:
+    """A non-tensor, or a sparse tensor where dense ones go, is refused on the calling rank, before anything
+    is submitted: the message names the op, the argument and what it takes (no `empty_like()` TypeError)."""
+    n = hvd.size()
+    sparse = torch.eye(2).to_sparse()
+    single = {
+        "allreduce": (hvd.allreduce, hvd.allreduce_, hvd.allreduce_async, hvd.allreduce_async_),
+        "allgather": (hvd.allgather, hvd.allgather_async),
+        "broadcast": tuple(
+            lambda t, f=f: f(t, 0)
+            for f in (hvd.broadcast, hvd.broadcast_, hvd.broadcast_async, hvd.broadcast_async_)
+        ),
+        "alltoall": (hvd.alltoall, hvd.alltoall_async),
+        "reducescatter": (hvd.reducescatter, hvd.reducescatter_async),
+    }
+    grouped = {
+        "grouped_allreduce": (
+            hvd.grouped_allreduce,
+            hvd.grouped_allreduce_,
+            hvd.grouped_allreduce_async,
+            hvd.grouped_allreduce_async_,
+        ),
+        "grouped_allgather": (hvd.grouped_allgather, hvd.grouped_allgather_async),
+        "grouped_reducescatter": (hvd.grouped_reducescatter, hvd.grouped_reducescatter_async),
+    }
+    for what, ops in single.items():
+        for op in ops:
+            for bad, kind in ((3, "int"), (None, "NoneType"), ([1.0], "list")):
+                with pytest.raises(ArgumentError) as info:
+                    op(bad)
+                assert str(info.value) == f"{what}: argument 'tensor' must be a torch.Tensor, got {kind}"
+                assert isinstance(info.value, TypeError) and isinstance(info.value, ValueError)
+            with pytest.raises(
+                TypeError,
+                match=rf"^{what}: argument 'tensor' has layout sparse_coo; {what} takes "
+                r"dense \(strided\) tensors",
+            ):
+                op(sparse)
+    for what, ops in grouped.items():
+        for op in ops:
+            with pytest.raises(
+                TypeError, match=rf"^{what}: argument 'tensors\[1\]' must be a torch.Tensor, got str"
+            ):
+                op([torch.ones(n), "x"])
+            with pytest.raises(TypeError, match=rf"^{what}: argument 'tensors\[0\]' has layout sparse_coo"):
+                op([sparse])
+            with pytest.raises(TypeError, match=rf"^{what}: argument 'tensors' must be a list or tuple"):
+                op(torch.ones(n))
+    with pytest.raises(
+        ArgumentError, match=r"^sparse_allreduce_async: argument 'tensor' must be a sparse COO"
+    ):
+        hvd.sparse_allreduce_async(3, name="int", op=hvd.Sum)
+    with pytest.raises(
+        ArgumentError, match=r"'tensor' has layout strided; sparse_allreduce_async takes sparse_coo"
+    ):
+        hvd.sparse_allreduce_async(torch.ones(2), name="dense", op=hvd.Sum)
+    with pytest.raises(ArgumentError, match=r"for sparse gradients: sparse_allreduce_async or Distributed"):
+        hvd.allreduce(sparse)
+    assert hvd.allreduce(torch.ones(1), op=hvd.Sum).item() == n  # nothing was submitted: the engine is fine
