@@ -34,6 +34,10 @@ def _count(text: str) -> int | str:
         return text
 
 
+# --dry-run has no side effect, so the path it shows is where the script *would* go; saying so keeps a user
+# from looking for it (`hpcring render -o PATH` writes it).
+NOT_WRITTEN = "(not written: --dry-run writes and submits nothing; hpcring render -o PATH writes it)"
+
 # Job-file key -> (flag, environment variable): what an error about a flag's value names.
 FLAG_OF: dict[str, tuple[str, str]] = {
     "nodes": ("--nodes", "HPCRING_NODES"),

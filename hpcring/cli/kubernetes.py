@@ -39,9 +39,7 @@ def submit(args: argparse.Namespace, path: Path) -> int:
     job = job_flags.job_from_args(args)
     plan, text = prepare(args, mapping.build(prof, job), job)
     if args.dry_run:
-        from hpcring.cli.submit import NOT_WRITTEN
-
-        print(f"# manifest: {path} {NOT_WRITTEN}")
+        print(f"# manifest: {path} {job_flags.NOT_WRITTEN}")
         print(text, end="")
         print(f"# would run: {shlex.join(kubernetes_jobs.apply_argv('kubectl', str(path)))}")
         return 0

@@ -13,10 +13,6 @@ import sys
 import time
 from pathlib import Path
 
-# --dry-run has no side effect, so the path it shows is where the script *would* go; saying so keeps a user
-# from looking for it (`hpcring render -o PATH` writes it).
-NOT_WRITTEN = "(not written: --dry-run writes and submits nothing; hpcring render -o PATH writes it)"
-
 
 def register(parser: argparse.ArgumentParser) -> None:
     from hpcring.cli import job_flags
@@ -103,7 +99,7 @@ def main(args: argparse.Namespace) -> int:
     assert isinstance(p, Plan)
     argv = [*p.submit_argv, str(path)]
     if args.dry_run:
-        print(f"# script: {path} {NOT_WRITTEN}")
+        print(f"# script: {path} {job_flags.NOT_WRITTEN}")
         print(text, end="")
         for f in p.files:
             if f.path:

@@ -22,7 +22,7 @@ from pbs_flux_helpers import (
 )
 from sched_helpers import check_golden, check_shellcheck, cli, make_plan, render_plan
 
-from hpcring.cli.submit import NOT_WRITTEN
+from hpcring.cli.job_flags import NOT_WRITTEN
 from hpcring.schedulers import flux_jobs, mapping, profile, shell, walltime
 from hpcring.schedulers.job import JobSpec
 

@@ -25,7 +25,7 @@ from pbs_flux_helpers import (
 )
 from sched_helpers import check_golden, check_shellcheck, cli, make_plan, render_plan
 
-from hpcring.cli.submit import NOT_WRITTEN
+from hpcring.cli.job_flags import NOT_WRITTEN
 from hpcring.errors import ProfileError
 from hpcring.schedulers import mapping, pbs_batch, pbs_jobs, profile
 from hpcring.schedulers.job import JobSpec, Step

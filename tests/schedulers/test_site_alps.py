@@ -142,7 +142,7 @@ def test_local_squashfs_image_is_checked_before_srun(tmp_path: Path) -> None:
         make_plan("alps-gh200", nodes=1, account="g123", image="/capstor/none.sqsh", command=["./a"])
     )
     res, out = _run_job(tmp_path, text)
-    assert res.returncode == 2 and "container image not found: /capstor/none.sqsh" in res.stderr
+    assert res.returncode == 2 and "container image not found (a SquashFS file is needed): /capstor/none.sqsh" in res.stderr
     assert not (out / "srun.json").exists()
 
 
@@ -199,7 +199,7 @@ def test_hostile_values_round_trip_through_the_edf(tmp_path: Path, image: str, b
     text = render_plan(p)
     res, out = _run_job(tmp_path, text)
     if image.startswith("/"):
-        assert res.returncode == 2  # no such local image
+        assert res.returncode == 2  # no such local image file ("/" itself is a directory, not an image)
         return
     assert res.returncode == 0, res.stderr
     edf = tomllib.loads((out / "edf.toml").read_text())
