@@ -30,6 +30,7 @@ NOT_RUN: list[tuple[str, str, str]] = [
     ("*", r"hpcring run -np 8 -H node1:4,node2:4 -- python train\.py.*", CLUSTER + " (node1, node2)"),
     ("*", r"hpcring run -np 8 --hostfile hosts -- python train\.py.*", CLUSTER + " (the hostfile's nodes)"),
     ("*", r"srun .*", CLUSTER + " (Slurm)"),
+    ("*", r"sbatch .*", CLUSTER + " (Slurm)"),
     ("*", r"horovodrun .*", "Horovod's own launcher, shown as the 'before' of a migration"),
     ("*", r"hpcring submit .*--wait.*", CLUSTER + " (submits a job and waits for it)"),
     (
@@ -48,6 +49,11 @@ NOT_RUN: list[tuple[str, str, str]] = [
         "torch.md",
         r"hpcring run --horovod -np 4 -- python pytorch_mnist\.py.*",
         "Horovod's pytorch_mnist.py example, which downloads MNIST",
+    ),
+    (
+        "clusters.md",
+        r"docker (build|push) .*",
+        "needs Docker and a registry; CI builds the MPIJob image with podman (tests/containers/test_mpijob_pods.py)",
     ),
     (
         "containers.md",
