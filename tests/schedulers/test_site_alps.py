@@ -142,7 +142,8 @@ def test_local_squashfs_image_is_checked_before_srun(tmp_path: Path) -> None:
         make_plan("alps-gh200", nodes=1, account="g123", image="/capstor/none.sqsh", command=["./a"])
     )
     res, out = _run_job(tmp_path, text)
-    assert res.returncode == 2 and "container image not found (a SquashFS file is needed): /capstor/none.sqsh" in res.stderr
+    assert res.returncode == 2
+    assert "container image not found (a SquashFS file is needed): /capstor/none.sqsh" in res.stderr
     assert not (out / "srun.json").exists()
 
 

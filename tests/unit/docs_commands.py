@@ -53,7 +53,7 @@ NOT_RUN: list[tuple[str, str, str]] = [
     (
         "clusters.md",
         r"docker (build|push) .*",
-        "needs Docker and a registry; CI builds the MPIJob image with podman (tests/containers/test_mpijob_pods.py)",
+        "needs Docker and a registry; CI builds the MPIJob image with podman (test_mpijob_pods.py)",
     ),
     (
         "containers.md",
