@@ -35,7 +35,7 @@ IN_IMAGE = Path(__file__).resolve().parent / "in_image"
 PROFILE = Path(__file__).resolve().parent / "profiles" / "emulated-k8s.yaml"
 WORKERS = 2
 RANK_LINE = re.compile(r"^rank (\d+)/(\d+) on (\S+) local (\d+)/(\d+) omp (\S+)$", re.M)
-EPOCH = re.compile(r"^epoch\s+(\d+)\s.*test accuracy ([0-9.]+)$", re.M)
+EPOCH = re.compile(r"^epoch\s+(\d+)/\d+\s.*test accuracy ([0-9.]+)\s", re.M)
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 import ray_programs as prog
 import torch
-from support import horovod_script_train
 
 from hpcring.errors import ConfigError
 from hpcring.horovod_alias import install, uninstall
@@ -55,6 +54,8 @@ def test_a_horovod_elastic_function_using_a_module_level_horovod_torch(
 ) -> None:
     """Horovod's elastic Ray shape: `ElasticRayExecutor(settings)`, `start()`, `run(train)`, train using the
     script's `import horovod.torch as hvd` with a TorchState and `@hvd.elastic.run` (no horovod=True)."""
+    from support import horovod_script_train  # not at the top: Ray workers import this module
+
     settings = ElasticRayExecutor.create_settings(min_num_proc=2, max_num_proc=2, timeout_s=60)
     ex = ElasticRayExecutor(settings, env_vars={"HPCRING_ELASTIC_DIR": str(tmp_path / "commits")})
     install()

@@ -7,7 +7,6 @@ from typing import Any
 import pytest
 import ray_programs as prog
 import torch
-from support import horovod_script_train
 
 from hpcring.errors import ConfigError
 from hpcring.horovod_alias import install, uninstall
@@ -57,6 +56,10 @@ def test_every_worker_gets_its_rank_at_each_world_size(executor: Any, size: int)
 def test_a_function_using_a_module_level_horovod_torch_runs_on_the_workers(executor: Any) -> None:
     """Horovod's Ray shape: `RayExecutor(settings, num_workers=2)`, `start()`, `run(train)`, train using the
     script's `import horovod.torch as hvd`; the workers get the alias from unpickling it (no horovod=True)."""
+    # Imported here, not at the top: Ray's workers import this module for its other remote functions, and
+    # tests/ is not on their path.
+    from support import horovod_script_train
+
     install()
     try:
         train = horovod_script_train()

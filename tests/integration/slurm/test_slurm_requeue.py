@@ -135,13 +135,14 @@ def _check_run(job: Job, final: Path, reference: dict[str, object], kind: str) -
 def test_a_job_longer_than_its_time_limit_requeues_itself_and_finishes(
     tmp_path: Path, reference: dict[str, object]
 ) -> None:
-    """--time 2 with the warning 30 s before: 20-80 s of steps per run; 24 steps of 3 s need 2 or 3 runs
-    (the bound is raised so that a slow machine cannot make the job stop for good)."""
+    """--time 2 with the warning 30 s before: 20-80 s of steps per run; 24 steps of 4 s (96 s, past the
+    latest warning at 90 s, so a fast machine cannot finish in one run) need 2 or 3 runs (the bound is raised
+    so that a slow machine cannot make the job stop for good)."""
     final = tmp_path / "final.pt"
     ckpt = tmp_path / "ckpt"
     script = render(
         tmp_path,
-        ["--out", str(final), "--step-sleep", "3"],
+        ["--out", str(final), "--step-sleep", "4"],
         requeue={"grace": 30, "checkpoint_dir": str(ckpt), "max_requeues": 8},
         minutes=2,
     )
