@@ -463,6 +463,19 @@ class Supervisor:
             return {}
         return {r: (c.host, c.ended - self.released_at) for r, c in self.conns.items() if c.ended is not None}
 
+    def _stopped_first(self, conn: Conn, reason: object, status: int) -> bool:
+        """A rank its wrapper ended for staying stopped is the cause even when its peer's report came first:
+        the peer failed because the stopped rank's connections closed under it (its MPI aborts at once,
+        while the stopped rank's wrapper still drains its pipes)."""
+        if self.elastic or self.failure is None or not isinstance(reason, str):
+            return False
+        if not reason.startswith("was stopped") or conn.rank is None or conn.rank == self.failure[0]:
+            return False
+        how = f"on {conn.host} {_clip(reason)}"
+        self._note(f"rank {conn.rank} {how}: the cause (rank {self.failure[0]} failed after it)")
+        self.failure = (conn.rank, how, status)
+        return True
+
     def _exited(self, conn: Conn, report: dict[str, object]) -> None:
         conn.exited = True
         conn.ended = time.monotonic()
@@ -472,6 +485,8 @@ class Supervisor:
         sig = report.get("signal")
         code_i = int(code) if isinstance(code, int) else None
         sig_i = int(sig) if isinstance(sig, int) else None
+        if self._stopped_first(conn, report.get("reason"), exit_status(code_i, sig_i)):
+            return
         if report.get("ended_by_launcher") or self.abort_at is not None:
             return  # one we (or a failing peer) ended: not the cause
         if self._requeue_exit(code_i, sig_i):
