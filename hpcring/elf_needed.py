@@ -13,6 +13,8 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpcring.files import read_at_most
+
 MAX_BYTES = 1 << 30  # larger than any shared object this reads; a bound on a hostile file
 _PT_LOAD, _PT_DYNAMIC = 1, 2
 _DT_NULL, _DT_NEEDED, _DT_STRTAB, _DT_SONAME, _DT_STRSZ, _DT_RPATH, _DT_RUNPATH = 0, 1, 5, 14, 10, 15, 29
@@ -129,11 +131,10 @@ def read(path: str | Path) -> Dynamic:
     """The dynamic section of the ELF file at `path` (ElfError when it is not one, or is too large)."""
     p = Path(path)
     try:
-        with p.open("rb") as f:
-            data = f.read(MAX_BYTES + 1)
+        data = read_at_most(p, MAX_BYTES)
     except OSError as exc:
         raise ElfError(f"{p}: cannot be read: {exc.strerror or exc}") from exc
-    if len(data) > MAX_BYTES:
+    if data is None:
         raise ElfError(f"{p}: larger than {MAX_BYTES} bytes; not a shared object this reads")
     try:
         return parse(data)

@@ -17,6 +17,14 @@ from hpcring.errors import DiskFullError
 _FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
+def read_at_most(path: str | Path, limit: int) -> bytes | None:
+    """The bytes of `path`, or None when it holds more than `limit`: a loader reads no more than it accepts
+    (OSError when it cannot be read)."""
+    with Path(path).open("rb") as f:
+        data = f.read(limit + 1)
+    return None if len(data) > limit else data
+
+
 def free_bytes(directory: str | Path) -> int | None:
     """Bytes an unprivileged writer can still use in `directory`'s file system (None: cannot tell)."""
     try:

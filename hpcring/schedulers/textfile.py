@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from hpcring.files import read_at_most
+
 # The largest profile or job file read: the built-in profiles are under 8 KiB. A bigger one would only make
 # the parser and the validation slow (a million partitions took minutes); it is refused before it is read.
 MAX_BYTES = 1 << 20
@@ -18,11 +20,10 @@ def read_text(path: Path, what: str, error: Callable[[str], Exception]) -> str:
     if not path.exists():
         raise error(f"{what} {str(path)!r} does not exist")
     try:
-        with path.open("rb") as f:
-            data = f.read(MAX_BYTES + 1)
+        data = read_at_most(path, MAX_BYTES)
     except OSError as exc:
         raise error(f"{what} {str(path)!r} cannot be read: {exc.strerror or exc}") from exc
-    if len(data) > MAX_BYTES:
+    if data is None:
         raise error(f"{what} {str(path)!r} is larger than {MAX_BYTES} bytes, the most allowed")
     try:
         return data.decode("utf-8")
