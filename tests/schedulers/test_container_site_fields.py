@@ -128,10 +128,15 @@ def test_no_container_reason_with_a_runtime_is_refused(tmp_path: Path) -> None:
         profile.load(str(path))
 
 
-def test_refusal_without_a_reason_still_names_the_fix() -> None:
-    """A profile with no runtime and no reason (Perlmutter: NERSC's Shifter / podman-hpc are not generated)
-    keeps the plain refusal."""
-    with pytest.raises(
-        ConfigError, match=r"profile 'perlmutter-gpu' has no container runtime; to run images"
-    ):
+def test_refusal_without_a_reason_still_names_the_fix(tmp_path: Path) -> None:
+    """A profile with no runtime and no reason (a copy of Perlmutter's without its reason) keeps the plain
+    refusal; the built-in one gives NERSC's reason (its Shifter recipe) before the same fix."""
+    data = yaml.safe_load((BUILTIN_DIR / "perlmutter-gpu.yaml").read_text())
+    del data["site"]["no_container_reason"]
+    data["name"] = "bare"
+    path = tmp_path / "bare.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    with pytest.raises(ConfigError, match=r"profile 'bare' has no container runtime; to run images"):
+        make_plan(str(path), nodes=1, account="g", image="/i.sif", command=("true",))
+    with pytest.raises(ConfigError, match=r"no container runtime: NERSC runs .*; to run images"):
         make_plan("perlmutter-gpu", nodes=1, account="g", image="/i.sif", command=("true",))

@@ -39,7 +39,9 @@ SOURCES: dict[str, tuple[str, ...]] = {
     "aurora": ("https://docs.alcf.anl.gov/aurora/data-science/frameworks/oneCCL/ (Minimal set)",),
     "alps-gh200": ("https://docs.cscs.ch/software/communication/nccl/ (Using NCCL: nccl_env_vars)",),
     "perlmutter-gpu": (
-        "none: NERSC's NCCL page was not in the stored corpora that day; interconnect defaults kept",
+        "https://docs.nersc.gov/machinelearning/launchers/ (srun): the NCCL plugin only as a Shifter",
+        "  module (--image + --module=gpu,nccl-plugin); hpcring writes no Shifter jobs, so on the host",
+        "  no plugin is loaded and the interconnect defaults stay",
     ),
 }
 ACCOUNT = {"polaris": "MyProject", "aurora": "MyProject", "alps-gh200": "g123"}
@@ -117,6 +119,22 @@ def test_intel_gpus_get_no_nccl_variables() -> None:
     """Aurora's GPUs are Intel's: oneCCL's variables, no NCCL_* at all."""
     text = _script("aurora")
     assert "NCCL_" not in text and "export CCL_ATL_TRANSPORT=mpi" in text
+
+
+def test_perlmutter_host_job_loads_no_plugin_and_image_names_nersc_recipe(tmp_path: Path) -> None:
+    """NERSC documents its NCCL plugin only as a Shifter module (launchers page, "srun"): a GPU job on the
+    host loads none and sets no NCCL_NET (NCCL refuses to start with it and no plugin), keeps the
+    interconnect's defaults, stays shellcheck-clean; --image is refused with NERSC's Shifter recipe."""
+    text = _script("perlmutter-gpu")
+    lines = text.splitlines()
+    assert not [ln for ln in lines if ln.startswith("export NCCL_NET=") or "nccl-plugin" in ln]
+    for var in ("FI_PROVIDER=cxi", "NCCL_SOCKET_IFNAME=hsn", "NCCL_NET_GDR_LEVEL=PHB", "NCCL_CROSS_NIC=1"):
+        assert f"export {var}" in lines, var
+    check_shellcheck(tmp_path, text)
+    with pytest.raises(ConfigError, match=r"has no container runtime: NERSC runs images with Shifter") as e:
+        make_plan("perlmutter-gpu", nodes=2, account="a", image="x.sif", command=["./app"])
+    assert "#SBATCH --module=gpu,nccl-plugin" in str(e.value)
+    assert "https://docs.nersc.gov/machinelearning/launchers/" in str(e.value)
 
 
 def test_frontier_extended_partition() -> None:
