@@ -42,9 +42,16 @@ lint: setup
 typecheck: setup
 	$(VENV)/bin/mypy
 
+# The whole suite runs on the compiled core (built by pip at setup); then the suites that exercise the
+# request path run again on its pure-Python twin, which a machine without a C compiler gets.
+PURE_PYTHON_TESTS ?= tests/engine tests/ranked
+
 test: setup lint typecheck
 	HPCRING_TEST_MPICH_PYTHON=$(CURDIR)/$(VENV_MPICH)/bin/python \
 	  $(PY) -m pytest -q -rs $(PYTEST_ARGS)
+	@echo "make: the request-path suites again on the pure-Python core (HPCRING_PURE_PYTHON=1)"
+	HPCRING_PURE_PYTHON=1 HPCRING_TEST_MPICH_PYTHON=$(CURDIR)/$(VENV_MPICH)/bin/python \
+	  $(PY) -m pytest -q -rs $(PURE_PYTHON_TESTS)
 
 clean:
-	rm -rf $(VENV) $(VENV_MPICH) .pytest_cache .mypy_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) $(VENV_MPICH) .pytest_cache .mypy_cache .ruff_cache *.egg-info build hpcring/engine/core/_core*.so

@@ -3,14 +3,19 @@
 Python runs a `.pth` file's `import` line at every start-up: this one does nothing unless HPCRING_HOROVOD is
 set, and then imports hpcring, which installs the `horovod` alias (hpcring/horovod_alias), so
 `HPCRING_HOROVOD=1 python script.py` works in any Python of the environment, Spark executors and Ray workers
-included. Everything else about the build is in pyproject.toml.
+included.
+
+It also builds hpcring's compiled request path, `hpcring.engine.core._core` (C through the CPython API and
+numpy's C API, docs/dev/engine.md says why), with the machine's C compiler. The extension is optional: where
+it cannot be built (no compiler, no headers) pip still installs hpcring, which then runs its pure-Python
+path (`hpcring doctor` says which is in use). Everything else about the build is in pyproject.toml.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import Extension, setup
 from setuptools.command.build_py import build_py
 
 PTH = Path(__file__).parent / "hpcring" / "horovod_alias" / "hpcring-horovod-alias.pth"
@@ -29,4 +34,25 @@ class BuildPyWithPth(build_py):
         self.copy_file(str(PTH), str(Path(target) / PTH.name))
 
 
-setup(cmdclass={"build_py": BuildPyWithPth})
+CORE_SOURCES = ["handle.c", "submit.c", "module.c"]
+
+
+def core_extensions() -> list[Extension]:
+    """The compiled core, when numpy's headers are at hand (a build requirement in pyproject.toml)."""
+    try:
+        import numpy
+    except ImportError:
+        return []
+    src = Path("hpcring") / "engine" / "core" / "src"
+    return [
+        Extension(
+            "hpcring.engine.core._core",
+            sources=[str(src / name) for name in CORE_SOURCES],
+            include_dirs=[numpy.get_include(), str(src)],
+            extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wno-missing-field-initializers"],
+            optional=True,
+        )
+    ]
+
+
+setup(cmdclass={"build_py": BuildPyWithPth}, ext_modules=core_extensions())

@@ -42,6 +42,7 @@ class Report:
     host: dict[str, Any] = field(default_factory=dict)
     shared_memory: dict[str, Any] = field(default_factory=dict)
     cray_gpu_mpi: dict[str, Any] = field(default_factory=dict)
+    core: dict[str, Any] = field(default_factory=dict)
     missing: list[Missing] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -251,6 +252,21 @@ def _lscpu() -> dict[str, Any]:
     }
 
 
+def probe_core(report: Report) -> None:
+    """Which request path this Python runs: the compiled core, or the pure-Python one (and why)."""
+    from hpcring.engine import core
+
+    report.core = {"kind": core.kind(), "detail": core.describe()}
+    if core.kind() == "python" and not core.forced():
+        report.missing.append(
+            Missing(
+                "hpcring's compiled core (the per-op path runs in Python, several times slower)",
+                "reinstall hpcring where a C compiler and Python's headers are installed "
+                "(Debian: apt install gcc python3-dev)",
+            )
+        )
+
+
 def diagnose() -> Report:
     """Run every probe; never raises for a missing optional dependency."""
     report = Report(python=f"{platform.python_version()} ({sys.executable})")
@@ -260,6 +276,7 @@ def diagnose() -> Report:
     probe_torch(report)
     probe_nvidia_smi(report)
     probe_shared_memory(report)
+    probe_core(report)
     report.host = {"hostname": platform.node(), **cpu_topology()}
     return report
 
@@ -291,6 +308,8 @@ def format_text(report: Report) -> str:
             lines.append(f"NCCL:     {t['nccl']}")
     else:
         lines.append("torch:    missing")
+    if report.core:
+        lines.append(f"core:     {report.core['detail']}")
     g = report.gpus
     names = ", ".join(g.get("names", []))
     lines.append(f"GPUs:     {g.get('count', 0)}{' (' + names + ')' if names else ''} [{g.get('source')}]")

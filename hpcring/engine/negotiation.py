@@ -11,7 +11,6 @@ from typing import Any
 
 import numpy as np
 
-from hpcring.collective.kernels import wait_polled
 from hpcring.config import EngineSettings
 from hpcring.engine import unmatched
 from hpcring.engine.bitvector import (
@@ -23,6 +22,7 @@ from hpcring.engine.bitvector import (
     _pack_bits,
     _unpack_bits,
 )
+from hpcring.engine.core import wait_polled
 from hpcring.engine.engine_state import EngineState, patience_s
 from hpcring.engine.joined import _NO_STAND_IN
 from hpcring.engine.request import CACHEABLE, OpType, Signature

@@ -12,6 +12,7 @@ from hpcring.errors import ArgumentError
 from hpcring.torch import adasum_rules, basics
 from hpcring.torch.compression import Compression
 from hpcring.torch.graph import run_op
+from hpcring.torch.one_call import SUBMITTER
 from hpcring.torch.op_handles import (
     _OP_NAMES,
     ADASUM,
@@ -25,6 +26,7 @@ from hpcring.torch.op_handles import (
     wait_now,
 )
 from hpcring.torch.tensors import (
+    _STRIDED,
     PLAIN_DTYPES,
     TENSOR,
     TENSOR_ERRORS,
@@ -89,7 +91,7 @@ def _allreduce_async(
         out = data if output is tensor else output.numpy()  # `fresh_output`: contiguous, like the input
         full = _name("allreduce", name, process_set)
         sig = new_signature((full, _ALLREDUCE, dtype, tuple(tensor.shape), op_name, -1, pre, post, "cpu", ()))
-        return _register(_Pending([_queue(Request(sig, set_id, data, out))], lambda _: output))
+        return _register(_Pending([_queue(Request(sig, set_id, data, out))], None, output))
     src = _view(tensor)
     if op_name == ADASUM:
         adasum_rules.check(dtype, src.device, process_set, what)
@@ -127,6 +129,13 @@ def allreduce_async(
     process_set: ProcessSet = global_process_set,
 ) -> int:
     """Start averaging/summing `tensor` over the ranks (the input is not modified); returns a handle."""
+    if SUBMITTER is not None and type(tensor) is TENSOR and tensor.is_cpu and tensor.layout is _STRIDED:
+        output = fresh_output(tensor)  # the one-call path, as in allreduce_async_
+        handle = SUBMITTER.allreduce(
+            tensor, output, name, op, average, prescale_factor, postscale_factor, process_set
+        )
+        if handle is not NotImplemented:
+            return handle  # type: ignore[no-any-return]
     op = handle_average_backwards_compatibility(op, average)
     try:
         output = fresh_output(tensor)
@@ -148,6 +157,12 @@ def allreduce_async_(
     process_set: ProcessSet = global_process_set,
 ) -> int:
     """In-place allreduce_async: the result lands in `tensor`."""
+    if SUBMITTER is not None:  # the common case in one call (one_call.py); NotImplemented for the rest
+        handle = SUBMITTER.allreduce(
+            tensor, tensor, name, op, average, prescale_factor, postscale_factor, process_set
+        )
+        if handle is not NotImplemented:
+            return handle  # type: ignore[no-any-return]
     op = handle_average_backwards_compatibility(op, average)
     try:
         return _allreduce_async(tensor, tensor, name, op, prescale_factor, postscale_factor, process_set)

@@ -13,6 +13,7 @@ from typing import Any
 from hpcring import _deps
 from hpcring.collective.ops import ReduceOp
 from hpcring.engine import Handle, ProcessSet
+from hpcring.engine.core import Pending
 from hpcring.errors import CollectiveError, ConfigError
 from hpcring.torch import basics
 
@@ -80,18 +81,8 @@ def _op_name(op: Any, what: str) -> str:
 # ---------------------------------------------------------------------- handles
 
 
-class _Pending:
-    """What synchronize() needs for one handle: the engine handles, how to build the result, and the inputs
-    kept alive until completion. Slotted with a plain __init__: one is built per async op."""
-
-    __slots__ = ("finish", "handles", "keep")
-
-    def __init__(
-        self, handles: list[Handle], finish: Callable[[list[Any]], Any], keep: list[Any] | None = None
-    ) -> None:
-        self.handles = handles
-        self.finish = finish
-        self.keep = keep
+# What synchronize() needs for one handle (the core's: compiled, or its Python twin).
+_Pending = Pending
 
 
 _handle_map: dict[int, _Pending] = {}
@@ -158,7 +149,7 @@ def synchronize(handle: Any) -> Any:
             _after_device(handles)
     elif list(map(_EVENT, handles)).count(None) != len(handles):  # a device op: its stream's events
         _after_device(handles)
-    return pending.finish(results)
+    return pending.result(results)
 
 
 _EVENT = operator.attrgetter("event")
@@ -215,7 +206,7 @@ def _grouped(handles: list[int]) -> int:
         out, i = [], 0
         for p in pendings:
             k = len(p.handles)
-            out.append(p.finish(results[i : i + k]))
+            out.append(p.result(results[i : i + k]))
             i += k
         return tuple(out)  # Horovod's synchronize() of a grouped handle returns a tuple
 

@@ -1,0 +1,112 @@
+"""The boundary of the request path's core: the compiled extension, or its pure-Python twin.
+
+Everything the engine and `hpcring.torch` do per request and per handle goes through the names exported
+here: `Handle`, `Request`, `Pending`, `complete` (completion), `wait_polled` (the negotiation's wait on
+MPI) and `submitter` (hpcring.torch's one-call submit and synchronize). `_core` (C, `src/`) is used when
+it was built and loads; `fallback` (Python, same behaviour) when it was not, or when HPCRING_PURE_PYTHON=1
+asks for it. `describe()` says which, for `hpcring doctor`. docs/dev/engine.md, "The compiled core".
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+from hpcring.config import parse_bool
+from hpcring.engine.core import fallback
+from hpcring.engine.core.fallback import drain
+
+PURE_PYTHON_VAR = "HPCRING_PURE_PYTHON"
+
+_impl: Any = fallback
+_why = ""
+_forced = PURE_PYTHON_VAR in os.environ and parse_bool(PURE_PYTHON_VAR, os.environ[PURE_PYTHON_VAR])
+if _forced:
+    _why = f"{PURE_PYTHON_VAR}=1"
+else:
+    try:
+        from hpcring.engine.core import _core as _impl
+    except ImportError as exc:  # not built (no compiler at install), or built for another Python
+        _why = f"the compiled core is not available: {exc}"
+
+if TYPE_CHECKING:
+    from hpcring.engine.core.fallback import Handle, Pending, Request, complete
+else:
+    Handle = _impl.Handle
+    Request = _impl.Request
+    Pending = _impl.Pending
+    complete = _impl.complete
+
+__all__ = [
+    "Handle",
+    "Pending",
+    "Request",
+    "complete",
+    "describe",
+    "drain",
+    "forced",
+    "kind",
+    "submitter",
+    "wait_polled",
+]
+
+
+def kind() -> str:
+    """ "compiled" or "python": which request path this process runs."""
+    return "python" if _impl is fallback else "compiled"
+
+
+def forced() -> bool:
+    """True when HPCRING_PURE_PYTHON asked for the pure-Python path."""
+    return _forced
+
+
+def describe() -> str:
+    """One line for `hpcring doctor`: which core, and why the fallback where it is in use."""
+    if _impl is fallback:
+        return f"pure Python ({_why})"
+    return f"compiled ({os.path.basename(str(_impl.__file__))})"
+
+
+def submitter(**config: Any) -> Any:
+    """hpcring.torch's one-call submit and synchronize (`_core.Submitter`), or None on the Python path."""
+    if _impl is fallback:
+        return None
+    return _impl.Submitter(**config)
+
+
+_mpi_bound: bool | None = None
+
+
+def _libmpi_path() -> str | None:
+    """The libmpi this process has loaded (mpi4py's), read from /proc/self/maps."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
+            for line in maps:
+                path = line.rstrip("\n").partition("/")[2]
+                if "/libmpi" in "/" + path and ".so" in path:
+                    return "/" + path
+    except OSError:
+        return None
+    return None
+
+
+def _bind_mpi() -> bool:
+    global _mpi_bound
+    if _mpi_bound is None:
+        path = _libmpi_path()
+        _mpi_bound = path is not None and bool(_impl.bind_mpi(path))
+    return _mpi_bound
+
+
+def wait_polled(req: Any) -> None:
+    """Wait for an mpi4py request: spin, then back off (collective/progress.py says why); in the compiled core
+    the whole wait runs without the GIL, so the training thread keeps running while the engine waits."""
+    if _impl is not fallback and _bind_mpi():
+        from mpi4py import MPI
+
+        _impl.wait_mpi(MPI._addressof(req))
+        return
+    from hpcring.collective.progress import wait_polled as python_wait
+
+    python_wait(req)

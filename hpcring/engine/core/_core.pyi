@@ -1,0 +1,83 @@
+"""The compiled request path (src/*.c): the same interface as `fallback`, plus Submitter and MPI waiting."""
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+class Handle:
+    name: str
+    event: Any
+    def __init__(self, name: str) -> None: ...
+    def done(self) -> bool: ...
+    def wait(self, timeout: float | None = None) -> Any: ...
+    def set_result(self, result: Any) -> None: ...
+    def set_error(self, error: BaseException) -> None: ...
+
+class Request:
+    sig: Any
+    process_set_id: int
+    tensor: Any
+    output: Any
+    splits: Any
+    handle: Handle
+    submitted_at: float
+    ready: Any
+    def __init__(
+        self,
+        sig: Any,
+        process_set_id: int,
+        tensor: Any = None,
+        output: Any = None,
+        splits: Any = None,
+        handle: Handle | None = None,
+        submitted_at: float | None = None,
+        ready: Any = None,
+    ) -> None: ...
+
+class Pending:
+    handles: list[Handle]
+    finish: Callable[[list[Any]], Any] | None
+    keep: Any
+    def __init__(
+        self, handles: list[Handle], finish: Callable[[list[Any]], Any] | None, keep: Any = None
+    ) -> None: ...
+    def result(self, results: list[Any]) -> Any: ...
+
+class Submitter:
+    def __init__(
+        self,
+        *,
+        basics: Any,
+        tls: Any,
+        defer: Any,
+        handle_map: dict[int, Pending],
+        handle_ids: Any,
+        op_names: dict[int, str],
+        average_op: Any,
+        adasum_name: str,
+        tensor_type: type,
+        strided: Any,
+        set_type: type,
+        dtypes: dict[Any, tuple[str, int]],
+        sig_type: type,
+        allreduce: Any,
+        after_device: Callable[[list[Handle]], None],
+    ) -> None: ...
+    def allreduce(
+        self,
+        tensor: Any,
+        output: Any,
+        name: Any,
+        op: Any,
+        average: Any,
+        pre: Any,
+        post: Any,
+        process_set: Any,
+        /,
+    ) -> Any: ...
+    def synchronize(self, handle: Any, /) -> Any: ...
+
+def complete(
+    handles: Sequence[Handle], results: Sequence[Any] | None, error: BaseException | None = None
+) -> None: ...
+def bind_mpi(path: str, /) -> bool: ...
+def wait_mpi(address: int, /) -> None: ...

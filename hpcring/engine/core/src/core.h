@@ -1,0 +1,56 @@
+/* hpcring's compiled request path: shared declarations (the module is hpcring.engine.core._core). */
+#ifndef HPCRING_CORE_H
+#define HPCRING_CORE_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *name;
+    PyObject *event;
+    PyObject *result;
+    PyObject *error;
+    int done; /* written under the completion mutex */
+} HandleObject;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *sig;
+    PyObject *process_set_id;
+    PyObject *tensor;
+    PyObject *output;
+    PyObject *splits;
+    PyObject *handle;
+    PyObject *submitted_at;
+    PyObject *ready;
+} RequestObject;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *handles;
+    PyObject *finish;
+    PyObject *keep;
+} PendingObject;
+
+extern PyTypeObject CoreHandle_Type;
+extern PyTypeObject CoreRequest_Type;
+extern PyTypeObject CorePending_Type;
+extern PyTypeObject CoreSubmitter_Type;
+
+int core_handle_init_sync(void);
+double core_monotonic(void);
+HandleObject *core_handle_new(PyObject *name);
+PyObject *core_handle_wait(HandleObject *self, PyObject *timeout);
+PyObject *core_complete(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+RequestObject *core_request_new(PyObject *sig, PyObject *set_id, PyObject *tensor, PyObject *output,
+                                HandleObject *handle);
+PendingObject *core_pending_new(PyObject *handles, PyObject *finish, PyObject *keep);
+PyObject *core_pending_result(PendingObject *self, PyObject *results);
+
+int core_submit_init(void);
+PyObject *core_bind_mpi(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+PyObject *core_wait_mpi(PyObject *module, PyObject *arg);
+
+#endif

@@ -1,0 +1,491 @@
+/* The submit and synchronize of hpcring.torch's common case in one C call each.
+ *
+ * `Submitter.allreduce` takes a dense, contiguous CPU tensor of a plain dtype with a name, a reduce op other
+ * than Adasum, float scale factors and a registered process set, and does in one pass what
+ * hpcring/torch/allreduce_ops.py does for it: the numpy view, the signature, the request, the engine's
+ * queue (under the engine's lock, as Engine.submit) and the handle map. Anything else returns
+ * NotImplemented before it changes anything, and the Python path (which also words every error) runs.
+ * `Submitter.synchronize` waits with the GIL released and builds the result.
+ */
+#include "core.h"
+
+#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+#include <numpy/arrayobject.h>
+
+typedef struct {
+    PyObject_HEAD
+    /* configuration, fixed at construction */
+    PyObject *basics;       /* hpcring.torch.basics: its `_engine` */
+    PyObject *tls;          /* the grouped-call batch holder (`batch`) */
+    PyObject *defer;        /* the deferred-wake flag holder (`on`) */
+    PyObject *handle_map;   /* dict: int -> Pending */
+    PyObject *handle_ids;   /* itertools.count */
+    PyObject *op_names;     /* dict: id(op) -> reduce op name */
+    PyObject *average_op;   /* the default op */
+    PyObject *adasum_name;  /* Adasum takes the Python path */
+    PyObject *tensor_type;  /* torch.Tensor */
+    PyObject *strided;      /* torch.strided */
+    PyObject *set_type;     /* ProcessSet */
+    PyObject *dtypes;       /* dict: torch dtype -> (name, numpy type number) */
+    PyObject *sig_type;     /* Signature (a tuple subclass) */
+    PyObject *allreduce;    /* OpType.ALLREDUCE */
+    PyObject *after_device; /* op_handles._after_device */
+    /* the engine last seen, and what submit reads of it */
+    PyObject *engine;
+    PyObject *state;
+    PyObject *lock;
+    PyObject *sets;
+    PyObject *put;
+    int on_host;
+} SubmitterObject;
+
+static PyObject *s_engine, *s_state, *s_lock, *s_sets, *s_wake, *s_put, *s_on_host, *s_closed, *s_stopped;
+static PyObject *s_inflight, *s_incoming, *s_batch, *s_on, *s_set_id, *s_is_cpu, *s_layout, *s_requires_grad;
+static PyObject *s_is_contiguous, *s_dtype, *s_shape, *s_data_ptr, *s_acquire, *s_release, *s_prefix, *s_cpu;
+static PyObject *s_empty;
+
+static int intern(PyObject **slot, const char *text) {
+    *slot = PyUnicode_InternFromString(text);
+    return *slot == NULL ? -1 : 0;
+}
+
+int core_submit_init(void) {
+    if (_import_array() < 0) return -1;
+    s_empty = PyTuple_New(0);
+    if (s_empty == NULL) return -1;
+    if (intern(&s_engine, "_engine") || intern(&s_state, "_state") || intern(&s_lock, "lock") ||
+        intern(&s_sets, "sets") || intern(&s_wake, "_wake") || intern(&s_put, "put") ||
+        intern(&s_on_host, "cpu_tensors_on_host") || intern(&s_closed, "closed") ||
+        intern(&s_stopped, "_stopped") || intern(&s_inflight, "inflight") || intern(&s_incoming, "incoming") ||
+        intern(&s_batch, "batch") || intern(&s_on, "on") || intern(&s_set_id, "process_set_id") ||
+        intern(&s_is_cpu, "is_cpu") || intern(&s_layout, "layout") || intern(&s_requires_grad, "requires_grad") ||
+        intern(&s_is_contiguous, "is_contiguous") || intern(&s_dtype, "dtype") || intern(&s_shape, "shape") ||
+        intern(&s_data_ptr, "data_ptr") || intern(&s_acquire, "acquire") || intern(&s_release, "release") ||
+        intern(&s_prefix, "allreduce.") || intern(&s_cpu, "cpu"))
+        return -1;
+    return 0;
+}
+
+#define NOT_HANDLED() Py_NewRef(Py_NotImplemented)
+
+static int Submitter_init(SubmitterObject *self, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"basics", "tls", "defer", "handle_map", "handle_ids", "op_names", "average_op",
+                             "adasum_name", "tensor_type", "strided", "set_type", "dtypes", "sig_type",
+                             "allreduce", "after_device", NULL};
+    PyObject *v[15];
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "$OOOO!OO!OOOOOO!OOO:Submitter", kwlist, &v[0], &v[1], &v[2],
+                                     &PyDict_Type, &v[3], &v[4], &PyDict_Type, &v[5], &v[6], &v[7], &v[8], &v[9],
+                                     &v[10], &PyDict_Type, &v[11], &v[12], &v[13], &v[14]))
+        return -1;
+    PyObject **slots[15] = {&self->basics,      &self->tls,         &self->defer,     &self->handle_map,
+                            &self->handle_ids,  &self->op_names,    &self->average_op, &self->adasum_name,
+                            &self->tensor_type, &self->strided,     &self->set_type,  &self->dtypes,
+                            &self->sig_type,    &self->allreduce,   &self->after_device};
+    for (int i = 0; i < 15; i++) Py_XSETREF(*slots[i], Py_NewRef(v[i]));
+    return 0;
+}
+
+static void clear_binding(SubmitterObject *self) {
+    Py_CLEAR(self->engine);
+    Py_CLEAR(self->state);
+    Py_CLEAR(self->lock);
+    Py_CLEAR(self->sets);
+    Py_CLEAR(self->put);
+}
+
+static int Submitter_traverse(SubmitterObject *self, visitproc visit, void *arg) {
+    Py_VISIT(self->basics);
+    Py_VISIT(self->tls);
+    Py_VISIT(self->defer);
+    Py_VISIT(self->handle_map);
+    Py_VISIT(self->handle_ids);
+    Py_VISIT(self->op_names);
+    Py_VISIT(self->average_op);
+    Py_VISIT(self->adasum_name);
+    Py_VISIT(self->tensor_type);
+    Py_VISIT(self->strided);
+    Py_VISIT(self->set_type);
+    Py_VISIT(self->dtypes);
+    Py_VISIT(self->sig_type);
+    Py_VISIT(self->allreduce);
+    Py_VISIT(self->after_device);
+    Py_VISIT(self->engine);
+    Py_VISIT(self->state);
+    Py_VISIT(self->lock);
+    Py_VISIT(self->sets);
+    Py_VISIT(self->put);
+    return 0;
+}
+
+static int Submitter_clear(SubmitterObject *self) {
+    Py_CLEAR(self->basics);
+    Py_CLEAR(self->tls);
+    Py_CLEAR(self->defer);
+    Py_CLEAR(self->handle_map);
+    Py_CLEAR(self->handle_ids);
+    Py_CLEAR(self->op_names);
+    Py_CLEAR(self->average_op);
+    Py_CLEAR(self->adasum_name);
+    Py_CLEAR(self->tensor_type);
+    Py_CLEAR(self->strided);
+    Py_CLEAR(self->set_type);
+    Py_CLEAR(self->dtypes);
+    Py_CLEAR(self->sig_type);
+    Py_CLEAR(self->allreduce);
+    Py_CLEAR(self->after_device);
+    clear_binding(self);
+    return 0;
+}
+
+static void Submitter_dealloc(SubmitterObject *self) {
+    PyObject_GC_UnTrack(self);
+    Submitter_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* Point at `engine` (a new one after shutdown/init); 0 or -1 with an error set. */
+static int bind_engine(SubmitterObject *self, PyObject *engine) {
+    clear_binding(self);
+    PyObject *state = PyObject_GetAttr(engine, s_state);
+    PyObject *wake = state ? PyObject_GetAttr(engine, s_wake) : NULL;
+    PyObject *on_host = wake ? PyObject_GetAttr(engine, s_on_host) : NULL;
+    if (on_host == NULL) goto fail;
+    self->lock = PyObject_GetAttr(state, s_lock);
+    self->sets = self->lock ? PyObject_GetAttr(state, s_sets) : NULL;
+    self->put = self->sets ? PyObject_GetAttr(wake, s_put) : NULL;
+    if (self->put == NULL) goto fail;
+    self->on_host = PyObject_IsTrue(on_host);
+    if (self->on_host < 0) goto fail;
+    self->state = state;
+    self->engine = Py_NewRef(engine);
+    Py_DECREF(wake);
+    Py_DECREF(on_host);
+    return 0;
+fail:
+    Py_XDECREF(state);
+    Py_XDECREF(wake);
+    Py_XDECREF(on_host);
+    clear_binding(self);
+    return -1;
+}
+
+/* 1 when attribute `attr` of `obj` is `want`, 0 when not, -1 on error. */
+static int attr_is(PyObject *obj, PyObject *attr, PyObject *want) {
+    PyObject *v = PyObject_GetAttr(obj, attr);
+    if (v == NULL) return -1;
+    int same = v == want;
+    Py_DECREF(v);
+    return same;
+}
+
+/* The zero-copy numpy view of a dense contiguous CPU tensor of a plain dtype; Py_NotImplemented (borrowed)
+ * for any other tensor; NULL on error. `dtype_name` receives the dtype's name (borrowed). */
+static PyObject *host_view(SubmitterObject *self, PyObject *t, PyObject **dtype_name, PyObject **shape_out) {
+    int ok = attr_is(t, s_is_cpu, Py_True);
+    if (ok == 1) ok = attr_is(t, s_layout, self->strided);
+    if (ok == 1) ok = attr_is(t, s_requires_grad, Py_False);
+    if (ok == 1) {
+        PyObject *c = PyObject_CallMethodNoArgs(t, s_is_contiguous);
+        if (c == NULL) return NULL;
+        ok = c == Py_True;
+        Py_DECREF(c);
+    }
+    if (ok != 1) return ok < 0 ? NULL : Py_NotImplemented;
+    PyObject *dt = PyObject_GetAttr(t, s_dtype);
+    if (dt == NULL) return NULL;
+    PyObject *entry = PyDict_GetItemWithError(self->dtypes, dt); /* borrowed */
+    Py_DECREF(dt);
+    if (entry == NULL) return PyErr_Occurred() ? NULL : Py_NotImplemented;
+    int typenum = (int)PyLong_AsLong(PyTuple_GET_ITEM(entry, 1));
+    PyObject *size = PyObject_GetAttr(t, s_shape);
+    if (size == NULL) return NULL;
+    PyObject *shape = PySequence_Tuple(size);
+    Py_DECREF(size);
+    if (shape == NULL) return NULL;
+    Py_ssize_t nd = PyTuple_GET_SIZE(shape);
+    npy_intp dims[NPY_MAXDIMS];
+    npy_intp count = 1;
+    if (nd > NPY_MAXDIMS) goto other;
+    for (Py_ssize_t i = 0; i < nd; i++) {
+        dims[i] = (npy_intp)PyLong_AsSsize_t(PyTuple_GET_ITEM(shape, i));
+        if (dims[i] < 0) goto other_or_error;
+        count *= dims[i];
+    }
+    if (count == 0) goto other; /* no memory to view: the Python path handles empty tensors */
+    PyObject *ptr = PyObject_CallMethodNoArgs(t, s_data_ptr);
+    if (ptr == NULL) goto error;
+    void *data = PyLong_AsVoidPtr(ptr);
+    Py_DECREF(ptr);
+    if (data == NULL) goto other_or_error;
+    PyObject *arr = PyArray_New(&PyArray_Type, (int)nd, dims, typenum, NULL, data, 0, NPY_ARRAY_CARRAY, NULL);
+    if (arr == NULL) goto error;
+    if (PyArray_SetBaseObject((PyArrayObject *)arr, Py_NewRef(t)) < 0) {
+        Py_DECREF(arr);
+        goto error;
+    }
+    *dtype_name = PyTuple_GET_ITEM(entry, 0);
+    *shape_out = shape;
+    return arr;
+other_or_error:
+    if (PyErr_Occurred()) goto error;
+other:
+    Py_DECREF(shape);
+    return Py_NotImplemented;
+error:
+    Py_DECREF(shape);
+    return NULL;
+}
+
+static PyObject *new_signature(SubmitterObject *self, PyObject *name, PyObject *dtype, PyObject *shape,
+                               PyObject *op_name, PyObject *pre, PyObject *post) {
+    PyTypeObject *type = (PyTypeObject *)self->sig_type;
+    PyObject *sig = type->tp_alloc(type, 10);
+    if (sig == NULL) return NULL;
+    PyObject *minus_one = PyLong_FromLong(-1);
+    if (minus_one == NULL) {
+        Py_DECREF(sig);
+        return NULL;
+    }
+    PyObject *items[10] = {name, self->allreduce, dtype, shape, op_name, minus_one, pre, post, s_cpu, s_empty};
+    for (int i = 0; i < 10; i++) PyTuple_SET_ITEM(sig, i, i == 5 ? items[i] : Py_NewRef(items[i]));
+    return sig;
+}
+
+/* Engine.submit under the engine's lock: 1 queued, 0 not handled here (nothing changed), -1 error. */
+static int queue_request(SubmitterObject *self, PyObject *set_id, PyObject *name, PyObject *req) {
+    PyObject *got = PyObject_CallMethodNoArgs(self->lock, s_acquire);
+    if (got == NULL) return -1;
+    Py_DECREF(got);
+    int rc = 0;
+    PyObject *st = NULL, *inflight = NULL, *incoming = NULL;
+    int closed = attr_is(self->state, s_closed, Py_False);
+    int running = closed == 1 ? attr_is(self->engine, s_stopped, Py_False) : closed;
+    if (running != 1) {
+        rc = running < 0 ? -1 : 0;
+        goto out;
+    }
+    st = PyDict_GetItemWithError(self->sets, set_id);
+    if (st == NULL) {
+        rc = PyErr_Occurred() ? -1 : 0;
+        goto out;
+    }
+    inflight = PyObject_GetAttr(st, s_inflight);
+    incoming = inflight ? PyObject_GetAttr(st, s_incoming) : NULL;
+    if (incoming == NULL || !PyDict_CheckExact(inflight) || !PyList_CheckExact(incoming)) {
+        rc = incoming == NULL ? -1 : 0;
+        goto out;
+    }
+    int dup = PyDict_Contains(inflight, name);
+    if (dup != 0) {
+        rc = dup < 0 ? -1 : 0;
+        goto out;
+    }
+    if (PyDict_SetItem(inflight, name, req) < 0) {
+        rc = -1;
+        goto out;
+    }
+    if (PyList_Append(incoming, req) < 0) {
+        PyDict_DelItem(inflight, name);
+        rc = -1;
+        goto out;
+    }
+    rc = 1;
+out:
+    Py_XDECREF(inflight);
+    Py_XDECREF(incoming);
+    PyObject *type, *value, *trace;
+    PyErr_Fetch(&type, &value, &trace);
+    PyObject *released = PyObject_CallMethodNoArgs(self->lock, s_release);
+    Py_XDECREF(released);
+    if (type != NULL) {
+        PyErr_Restore(type, value, trace);
+        return -1;
+    }
+    return released == NULL ? -1 : rc;
+}
+
+/* After queueing: the engine thread's wake-up token, unless this thread runs the cycle itself. */
+static int wake_engine(SubmitterObject *self) {
+    PyObject *on = PyObject_GetAttr(self->defer, s_on);
+    if (on == NULL) return -1;
+    int deferred = PyObject_IsTrue(on);
+    Py_DECREF(on);
+    if (deferred != 0) return deferred < 0 ? -1 : 0;
+    PyObject *r = PyObject_CallOneArg(self->put, Py_None);
+    Py_XDECREF(r);
+    return r == NULL ? -1 : 0;
+}
+
+/* The checks on the arguments that need no tensor: the op's name, or NULL (borrowed; NULL without error:
+ * not handled here). */
+static PyObject *plain_op(SubmitterObject *self, PyObject *op, PyObject *average, PyObject *pre, PyObject *post) {
+    if (average != Py_None || !PyFloat_CheckExact(pre) || !PyFloat_CheckExact(post)) return NULL;
+    if (op == Py_None) op = self->average_op;
+    PyObject *key = PyLong_FromVoidPtr(op);
+    if (key == NULL) return NULL;
+    PyObject *op_name = PyDict_GetItemWithError(self->op_names, key);
+    Py_DECREF(key);
+    if (op_name == NULL || PyUnicode_Compare(op_name, self->adasum_name) == 0) return NULL;
+    return op_name;
+}
+
+/* The engine to queue on, bound; NULL without error when there is none or it does not take host tensors. */
+static int current_engine(SubmitterObject *self) {
+    PyObject *engine = PyObject_GetAttr(self->basics, s_engine);
+    if (engine == NULL) return -1;
+    int rc = 0;
+    if (engine != Py_None) {
+        rc = 1;
+        if (engine != self->engine && bind_engine(self, engine) < 0) rc = -1;
+        if (rc == 1 && !self->on_host) rc = 0;
+    }
+    Py_DECREF(engine);
+    return rc;
+}
+
+static PyObject *Submitter_allreduce(SubmitterObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "allreduce(tensor, output, name, op, average, pre, post, process_set)");
+        return NULL;
+    }
+    PyObject *tensor = args[0], *output = args[1], *name = args[2], *ps = args[7];
+    if (Py_TYPE(tensor) != (PyTypeObject *)self->tensor_type || !PyUnicode_CheckExact(name) ||
+        Py_TYPE(ps) != (PyTypeObject *)self->set_type ||
+        (output != tensor && Py_TYPE(output) != (PyTypeObject *)self->tensor_type))
+        return NOT_HANDLED();
+    PyObject *op_name = plain_op(self, args[3], args[4], args[5], args[6]);
+    if (op_name == NULL) return PyErr_Occurred() ? NULL : NOT_HANDLED();
+    int have = current_engine(self);
+    if (have != 1) return have < 0 ? NULL : NOT_HANDLED();
+    PyObject *batch = PyObject_GetAttr(self->tls, s_batch);
+    if (batch == NULL) return NULL;
+    Py_DECREF(batch);
+    if (batch != Py_None) return NOT_HANDLED();
+    PyObject *set_id = PyObject_GetAttr(ps, s_set_id);
+    if (set_id == NULL) return NULL;
+    PyObject *result = NULL, *data = NULL, *out = NULL, *shape = NULL, *full = NULL, *sig = NULL;
+    PyObject *req = NULL, *hid = NULL, *pending = NULL, *handles = NULL, *dtype = NULL, *oshape = NULL;
+    HandleObject *handle = NULL;
+    if (!PyLong_CheckExact(set_id)) goto not_handled;
+    data = host_view(self, tensor, &dtype, &shape);
+    if (data == Py_NotImplemented) data = NULL;
+    if (data == NULL) goto other;
+    if (output == tensor) {
+        out = Py_NewRef(data);
+    } else {
+        PyObject *odtype = NULL;
+        out = host_view(self, output, &odtype, &oshape);
+        if (out == Py_NotImplemented) out = NULL;
+        if (out == NULL) goto other;
+        int same = PyObject_RichCompareBool(shape, oshape, Py_EQ);
+        if (same != 1 || odtype != dtype) goto other;
+    }
+    full = PyUnicode_Concat(s_prefix, name);
+    sig = full ? new_signature(self, full, dtype, shape, op_name, args[5], args[6]) : NULL;
+    handle = sig ? core_handle_new(full) : NULL;
+    req = handle ? (PyObject *)core_request_new(sig, set_id, data, out, handle) : NULL;
+    if (req == NULL) goto done;
+    int queued = queue_request(self, set_id, full, req);
+    if (queued != 1) goto other;
+    if (wake_engine(self) < 0) goto done;
+    hid = PyIter_Next(self->handle_ids);
+    handles = hid ? PyList_New(1) : NULL;
+    if (handles == NULL) goto done;
+    PyList_SET_ITEM(handles, 0, Py_NewRef((PyObject *)handle));
+    pending = (PyObject *)core_pending_new(handles, Py_None, output);
+    if (pending == NULL || PyDict_SetItem(self->handle_map, hid, pending) < 0) goto done;
+    result = Py_NewRef(hid);
+    goto done;
+other:
+    if (PyErr_Occurred()) goto done;
+not_handled:
+    result = NOT_HANDLED();
+done:
+    Py_XDECREF(set_id);
+    Py_XDECREF(data);
+    Py_XDECREF(out);
+    Py_XDECREF(shape);
+    Py_XDECREF(oshape);
+    Py_XDECREF(full);
+    Py_XDECREF(sig);
+    Py_XDECREF((PyObject *)handle);
+    Py_XDECREF(req);
+    Py_XDECREF(hid);
+    Py_XDECREF(handles);
+    Py_XDECREF(pending);
+    return result;
+}
+
+/* synchronize(handle): the op's result; its error raised; None for an unknown handle (Horovod's). */
+static PyObject *Submitter_synchronize(SubmitterObject *self, PyObject *handle) {
+    if (!PyLong_CheckExact(handle)) return NOT_HANDLED();
+    PyObject *pending = PyDict_GetItemWithError(self->handle_map, handle);
+    if (pending == NULL) {
+        if (PyErr_Occurred()) return NULL;
+        Py_RETURN_NONE;
+    }
+    Py_INCREF(pending);
+    if (PyDict_DelItem(self->handle_map, handle) < 0) {
+        Py_DECREF(pending);
+        return NULL;
+    }
+    PyObject *result = NULL, *results = NULL;
+    if (Py_TYPE(pending) != &CorePending_Type) {
+        PyErr_SetString(PyExc_TypeError, "synchronize: the handle map holds something other than a Pending");
+        goto done;
+    }
+    PyObject *handles = PySequence_Fast(((PendingObject *)pending)->handles, "Pending.handles");
+    if (handles == NULL) goto done;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(handles);
+    results = PyList_New(n);
+    int device = 0;
+    for (Py_ssize_t i = 0; results != NULL && i < n; i++) {
+        HandleObject *h = (HandleObject *)PySequence_Fast_GET_ITEM(handles, i);
+        if (Py_TYPE(h) != &CoreHandle_Type) {
+            PyErr_SetString(PyExc_TypeError, "synchronize: a pending handle is not a Handle");
+            Py_CLEAR(results);
+            break;
+        }
+        PyObject *r = core_handle_wait(h, NULL);
+        if (r == NULL) {
+            Py_CLEAR(results);
+            break;
+        }
+        PyList_SET_ITEM(results, i, r);
+        device |= h->event != Py_None;
+    }
+    if (results != NULL && device) {
+        PyObject *list = PySequence_List(handles);
+        PyObject *r = list ? PyObject_CallOneArg(self->after_device, list) : NULL;
+        Py_XDECREF(list);
+        if (r == NULL) Py_CLEAR(results);
+        Py_XDECREF(r);
+    }
+    Py_DECREF(handles);
+    if (results != NULL) result = core_pending_result((PendingObject *)pending, results);
+done:
+    Py_XDECREF(results);
+    Py_DECREF(pending);
+    return result;
+}
+
+static PyMethodDef Submitter_methods[] = {
+    {"allreduce", (PyCFunction)(void (*)(void))Submitter_allreduce, METH_FASTCALL,
+     "Submit a host allreduce; the handle, or NotImplemented when the Python path must take it."},
+    {"synchronize", (PyCFunction)Submitter_synchronize, METH_O,
+     "Wait for a handle (the GIL released) and return its result; NotImplemented for a non-int handle."},
+    {NULL, NULL, 0, NULL},
+};
+
+PyTypeObject CoreSubmitter_Type = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "hpcring.engine.core._core.Submitter",
+    .tp_basicsize = sizeof(SubmitterObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "hpcring.torch's submit and synchronize for the common case, in one call each.",
+    .tp_traverse = (traverseproc)Submitter_traverse,
+    .tp_clear = (inquiry)Submitter_clear,
+    .tp_dealloc = (destructor)Submitter_dealloc,
+    .tp_methods = Submitter_methods,
+    .tp_init = (initproc)Submitter_init,
+    .tp_new = PyType_GenericNew,
+};

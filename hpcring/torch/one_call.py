@@ -1,0 +1,59 @@
+"""hpcring.torch's common case in one call each way: submit and synchronize through the compiled core.
+
+`SUBMITTER` is the core's `Submitter` (hpcring/engine/core/src/submit.c) configured with this package's
+objects, or None on the pure-Python path. Its `allreduce` takes what a training loop's gradients and metrics
+are (a dense, contiguous CPU tensor of a plain dtype, a name, a reduce op other than Adasum, float factors,
+a registered set) and answers NotImplemented for anything else, before it has changed anything: the Python
+path in allreduce_ops.py then runs, and words every error. `synchronize` waits with the GIL released.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from hpcring import _deps
+from hpcring.engine import OpType, ProcessSet, Signature, core
+from hpcring.engine.caller_cycles import _defer
+from hpcring.torch import basics, op_handles
+from hpcring.torch.op_handles import _OP_NAMES, ADASUM, Average, _after_device, _handle_map, _tls
+from hpcring.torch.tensors import PLAIN_DTYPES
+
+_deps.torch()  # a missing torch becomes BackendUnavailable naming the install command
+import torch  # noqa: E402
+
+
+def _host_dtypes() -> dict[Any, tuple[str, int]]:
+    """torch dtype -> (name, numpy type number) for the dtypes the core views directly: the plain ones (no
+    bool or bfloat16, which numpy does not view as torch stores them; no complex, which hpcring refuses)."""
+    return {t: (name, np.dtype(name).num) for t, name in PLAIN_DTYPES.items()}
+
+
+SUBMITTER: Any = core.submitter(
+    basics=basics,
+    tls=_tls,
+    defer=_defer,
+    handle_map=_handle_map,
+    handle_ids=op_handles._handle_ids,
+    op_names=_OP_NAMES,
+    average_op=Average,
+    adasum_name=ADASUM,
+    tensor_type=torch.Tensor,
+    strided=torch.strided,
+    set_type=ProcessSet,
+    dtypes=_host_dtypes(),
+    sig_type=Signature,
+    allreduce=OpType.ALLREDUCE,
+    after_device=_after_device,
+)
+
+
+def synchronize(handle: Any) -> Any:
+    """Wait for an async operation and return its output (HorovodInternalError if it failed on the ranks)."""
+    if SUBMITTER is not None and type(handle) is int:
+        return SUBMITTER.synchronize(handle)
+    return op_handles.synchronize(handle)
+
+
+__all__ = ["SUBMITTER", "synchronize"]

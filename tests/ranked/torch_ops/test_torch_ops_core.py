@@ -1,0 +1,158 @@
+"""The compiled core's one-call submit (hpcring/torch/one_call.py) against the Python path it stands for.
+
+The common case (a dense contiguous CPU tensor of a plain dtype, a name, a plain reduce op, float factors, a
+registered set) goes through the core when it is built; everything else falls through to the Python path
+before anything was queued. Each case checks the result from rank and size, so the same file passes on both
+paths (CI runs the ranked suites with HPCRING_PURE_PYTHON=1 too).
+"""
+
+from __future__ import annotations
+
+import os
+from types import ModuleType
+from typing import Any
+
+import pytest
+import torch
+
+
+def _submitter() -> Any:
+    from hpcring.torch import one_call
+
+    return one_call.SUBMITTER
+
+
+def test_the_core_in_use_is_the_one_the_environment_asks_for(hvd: ModuleType) -> None:
+    from hpcring.engine import core
+
+    if os.environ.get("HPCRING_PURE_PYTHON", "") not in ("", "0"):
+        assert core.kind() == "python" and core.forced()
+    assert (_submitter() is None) == (core.kind() == "python")
+
+
+def test_the_common_case_is_taken_in_one_call(hvd: ModuleType) -> None:
+    n, r = hvd.size(), hvd.rank()
+    t = torch.full((64,), float(r + 1))
+    sub = _submitter()
+    if sub is None:
+        pytest.skip("the pure-Python path has no one-call submit")
+    handle = sub.allreduce(t, t, "core.common", hvd.Sum, None, 1.0, 1.0, hvd.global_process_set)
+    assert type(handle) is int
+    assert hvd.synchronize(handle) is t
+    assert t.tolist() == [float(n * (n + 1) // 2)] * 64
+
+
+DTYPES = [torch.float32, torch.float64, torch.float16, torch.int32, torch.int64, torch.uint8]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_plain_dtypes_in_place_and_out_of_place(hvd: ModuleType, dtype: torch.dtype) -> None:
+    n, r = hvd.size(), hvd.rank()
+    x = torch.full((3, 5), r + 1, dtype=dtype)
+    y = hvd.synchronize(hvd.allreduce_async(x, name=f"core.oop.{dtype}", op=hvd.Sum))
+    assert y.dtype == dtype and y.shape == (3, 5) and y is not x
+    assert x.tolist() == [[r + 1] * 5] * 3  # the input is untouched
+    assert y.tolist() == [[n * (n + 1) // 2] * 5] * 3
+    z = hvd.synchronize(hvd.allreduce_async_(x, name=f"core.ip.{dtype}", op=hvd.Max))
+    assert z is x and x.tolist() == [[n] * 5] * 3
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "noncontiguous",
+        "requires_grad",
+        "scalar",
+        "empty",
+        "noname",
+        "bool",
+        "bfloat16",
+        "complex",
+        "int_scale",
+    ],
+)
+def test_what_the_core_leaves_to_python_still_works(hvd: ModuleType, case: str) -> None:
+    n, r = hvd.size(), hvd.rank()
+    total = n * (n + 1) / 2
+    name: str | None = f"core.other.{case}"
+    pre: Any = 1.0
+    if case == "noncontiguous":
+        x = torch.full((4, 6), float(r + 1)).t()
+    elif case == "requires_grad":
+        x = torch.full((4,), float(r + 1), requires_grad=True)
+    elif case == "scalar":
+        x = torch.tensor(float(r + 1))
+    elif case == "empty":
+        x = torch.empty(0, 3)
+    elif case == "noname":
+        x, name = torch.full((4,), float(r + 1)), None
+    elif case == "bool":
+        x = torch.tensor([r == 0, True])
+    elif case == "bfloat16":
+        x = torch.full((4,), float(r + 1), dtype=torch.bfloat16)
+    elif case == "complex":
+        x = torch.full((4,), complex(r + 1, 1))
+    else:
+        x, pre = torch.full((4,), float(r + 1)), 2
+    sub = _submitter()
+    if sub is not None and case not in ("noname", "int_scale", "scalar"):  # a 0-d tensor is common
+        assert sub.allreduce(x, x, name, hvd.Sum, None, 1.0, 1.0, hvd.global_process_set) is NotImplemented
+    op = hvd.Max if case == "bool" else hvd.Sum
+    if case == "complex":  # not a dtype hpcring reduces: the same error as before the core, on every rank
+        with pytest.raises(ValueError, match="ComplexFloatTensor is not supported"):
+            hvd.allreduce_async(x, name=name, op=op)
+        return
+    y = hvd.synchronize(hvd.allreduce_async(x, name=name, op=op, prescale_factor=pre))
+    if case == "bool":
+        assert y.tolist() == [True, True]
+    elif case == "empty":
+        assert y.shape == (0, 3)
+    else:
+        expected = total * (2 if case == "int_scale" else 1)
+        assert torch.equal(y.float(), torch.full(x.shape, expected)), y
+
+
+def test_a_duplicate_name_in_flight_is_refused_the_same_way(hvd: ModuleType) -> None:
+    a, b = torch.ones(8), torch.ones(8)
+    first = hvd.allreduce_async_(a, name="core.dup", op=hvd.Sum)
+    with pytest.raises(ValueError, match=r"core\.dup"):
+        hvd.allreduce_async_(b, name="core.dup", op=hvd.Sum)
+    assert hvd.synchronize(first).tolist() == [float(hvd.size())] * 8
+
+
+def test_average_keywords_and_scale_factors(hvd: ModuleType) -> None:
+    n, r = hvd.size(), hvd.rank()
+    x = torch.full((5,), float(r + 1))
+    y = hvd.synchronize(hvd.allreduce_async(x, name="core.avg"))  # Average by default
+    assert torch.allclose(y, torch.full((5,), (n + 1) / 2))
+    y = hvd.synchronize(hvd.allreduce_async(x, average=False, name="core.avgkw"))  # Horovod's old keyword
+    assert torch.allclose(y, torch.full((5,), n * (n + 1) / 2))
+    y = hvd.synchronize(
+        hvd.allreduce_async(x, name="core.scaled", op=hvd.Sum, prescale_factor=0.5, postscale_factor=4.0)
+    )
+    assert torch.allclose(y, torch.full((5,), 2.0 * n * (n + 1) / 2))
+
+
+def test_many_at_once_then_synchronized_in_reverse(hvd: ModuleType) -> None:
+    n, r = hvd.size(), hvd.rank()
+    tensors = [torch.full((257,), float(i + r)) for i in range(300)]
+    handles = [hvd.allreduce_async_(t, name=f"core.many.{i}", op=hvd.Sum) for i, t in enumerate(tensors)]
+    assert all(hvd.poll(h) in (True, False) for h in handles)
+    for i, h in reversed(list(enumerate(handles))):
+        assert hvd.synchronize(h) is tensors[i]
+        assert tensors[i][0].item() == n * i + n * (n - 1) / 2
+    assert hvd.synchronize(handles[0]) is None  # a handle already synchronized: None, as Horovod
+
+
+def test_a_process_set_is_taken_by_the_core_too(hvd: ModuleType) -> None:
+    n, r = hvd.size(), hvd.rank()
+    if n < 2:
+        pytest.skip("needs 2 ranks")
+    evens = hvd.add_process_set(list(range(0, n, 2)))
+    try:
+        if r % 2 == 0:
+            x = torch.full((6,), float(r))
+            y = hvd.synchronize(hvd.allreduce_async_(x, name="core.set", op=hvd.Sum, process_set=evens))
+            assert y.tolist() == [float(sum(range(0, n, 2)))] * 6
+    finally:
+        hvd.remove_process_set(evens)
