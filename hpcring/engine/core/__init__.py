@@ -107,6 +107,6 @@ def wait_polled(req: Any) -> None:
 
         _impl.wait_mpi(MPI._addressof(req))
         return
-    from hpcring.collective.progress import wait_polled as python_wait
+    from hpcring.collective.kernels import wait_polled as python_wait
 
     python_wait(req)

@@ -230,6 +230,8 @@ def reference(slurm_cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) 
     return weights
 
 
+# Four runs of a 2-minute job and their requeues: about 290 s on a quiet machine, over pytest's 300 s.
+@pytest.mark.timeout(900)
 def test_a_job_longer_than_its_time_limit_requeues_itself_three_times_and_finishes(
     tmp_path: Path, reference: dict[str, object]
 ) -> None:
@@ -250,6 +252,7 @@ def test_a_job_longer_than_its_time_limit_requeues_itself_three_times_and_finish
     assert not (tmp_path / "pwned").exists()
 
 
+@pytest.mark.timeout(600)
 def test_a_preempted_job_checkpoints_requeues_and_finishes(
     tmp_path: Path, reference: dict[str, object]
 ) -> None:
