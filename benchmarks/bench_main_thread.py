@@ -27,7 +27,7 @@ time of the engine thread (the thread named `hpcring-engine`, read from /proc/se
 the main thread per wall second. `worst` is the slowest rank's (largest) loss. The ops per window are agreed
 over the ranks after it (the ranks' clocks issue slightly different counts; the missing ones are issued,
 outside the window, before every handle is synchronized). `core` says which engine core ran:
-`hpcring.engine.core_kind()` where that exists (HPCRING_PURE_PYTHON=1 forces the fallback), else "python".
+`hpcring.engine.core.kind()`, "compiled" or "python" (HPCRING_PURE_PYTHON=1 forces the Python twin).
 """
 
 from __future__ import annotations
@@ -46,7 +46,6 @@ from typing import Any
 import torch
 from mpi4py import MPI
 
-import hpcring.engine
 import hpcring.torch as hvd
 
 MODES = ("idle", "training", "thread")
@@ -63,9 +62,10 @@ def work(steps: int) -> int:
 
 
 def core_kind() -> str:
-    """The engine core in use: what `hpcring.engine.core_kind()` says, "python" before that existed."""
-    fn = getattr(hpcring.engine, "core_kind", None)
-    return str(fn()) if callable(fn) else "python"
+    """The request path's core in use: "compiled" or "python" (hpcring/engine/core/__init__.py)."""
+    from hpcring.engine import core
+
+    return core.kind()
 
 
 def engine_tid() -> int | None:
