@@ -129,8 +129,9 @@ def allreduce_async(
     process_set: ProcessSet = global_process_set,
 ) -> int:
     """Start averaging/summing `tensor` over the ranks (the input is not modified); returns a handle."""
+    output = None
     if SUBMITTER is not None and type(tensor) is TENSOR and tensor.is_cpu and tensor.layout is _STRIDED:
-        output = fresh_output(tensor)  # the one-call path, as in allreduce_async_
+        output = fresh_output(tensor)  # the one-call path, as in allreduce_async_; kept if it declines
         handle = SUBMITTER.allreduce(
             tensor, output, name, op, average, prescale_factor, postscale_factor, process_set
         )
@@ -138,7 +139,8 @@ def allreduce_async(
             return handle  # type: ignore[no-any-return]
     op = handle_average_backwards_compatibility(op, average)
     try:
-        output = fresh_output(tensor)
+        if output is None:
+            output = fresh_output(tensor)
         return _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor, process_set)
     except TENSOR_ERRORS:
         problem = tensor_problem(tensor, "allreduce")

@@ -75,7 +75,7 @@ def submitter(**config: Any) -> Any:
     return _impl.Submitter(**config)
 
 
-_mpi_bound: bool | None = None
+_mpi_addressof: Any = None  # mpi4py's MPI._addressof once MPI_Test is bound; False where it cannot be
 
 
 def _libmpi_path() -> str | None:
@@ -91,22 +91,25 @@ def _libmpi_path() -> str | None:
     return None
 
 
-def _bind_mpi() -> bool:
-    global _mpi_bound
-    if _mpi_bound is None:
+def _bind_mpi() -> Any:
+    """MPI._addressof once the core found MPI_Test in the loaded libmpi (looked up once), else False."""
+    global _mpi_addressof
+    if _mpi_addressof is None:
+        from mpi4py import MPI
+
         path = _libmpi_path()
-        _mpi_bound = path is not None and bool(_impl.bind_mpi(path))
-    return _mpi_bound
+        _mpi_addressof = MPI._addressof if path is not None and _impl.bind_mpi(path) else False
+    return _mpi_addressof
 
 
 def wait_polled(req: Any) -> None:
     """Wait for an mpi4py request: spin, then back off (collective/progress.py says why); in the compiled core
     the whole wait runs without the GIL, so the training thread keeps running while the engine waits."""
-    if _impl is not fallback and _bind_mpi():
-        from mpi4py import MPI
-
-        _impl.wait_mpi(MPI._addressof(req))
-        return
+    if _impl is not fallback:
+        addressof = _bind_mpi()
+        if addressof:
+            _impl.wait_mpi(addressof(req))
+            return
     from hpcring.collective.kernels import wait_polled as python_wait
 
     python_wait(req)

@@ -176,24 +176,6 @@ static PyObject *Handle_set_error(HandleObject *self, PyObject *error) {
     Py_RETURN_NONE;
 }
 
-static PyObject *Handle_get_done(HandleObject *self, void *Py_UNUSED(closure)) {
-    return PyBool_FromLong(self->done);
-}
-
-static PyObject *get_or_none(PyObject *v) {
-    PyObject *r = v != NULL ? v : Py_None;
-    Py_INCREF(r);
-    return r;
-}
-
-static PyObject *Handle_get_result(HandleObject *self, void *Py_UNUSED(closure)) {
-    return get_or_none(self->result);
-}
-
-static PyObject *Handle_get_error(HandleObject *self, void *Py_UNUSED(closure)) {
-    return get_or_none(self->error);
-}
-
 static PyMethodDef Handle_methods[] = {
     {"done", (PyCFunction)Handle_done, METH_NOARGS, "True once the result (or error) is available; never blocks."},
     {"wait", (PyCFunction)(void (*)(void))Handle_wait, METH_VARARGS | METH_KEYWORDS,
@@ -209,13 +191,6 @@ static PyMemberDef Handle_members[] = {
     {NULL, 0, 0, 0, NULL},
 };
 
-static PyGetSetDef Handle_getset[] = {
-    {"_done", (getter)Handle_get_done, NULL, NULL, NULL},
-    {"_result", (getter)Handle_get_result, NULL, NULL, NULL},
-    {"_error", (getter)Handle_get_error, NULL, NULL, NULL},
-    {NULL, NULL, NULL, NULL, NULL},
-};
-
 PyTypeObject CoreHandle_Type = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "hpcring.engine.core._core.Handle",
     .tp_basicsize = sizeof(HandleObject),
@@ -226,7 +201,6 @@ PyTypeObject CoreHandle_Type = {
     .tp_dealloc = (destructor)Handle_dealloc,
     .tp_methods = Handle_methods,
     .tp_members = Handle_members,
-    .tp_getset = Handle_getset,
     .tp_init = (initproc)Handle_init,
     .tp_new = PyType_GenericNew,
 };
