@@ -625,9 +625,7 @@ class Supervisor:
         ran_at = time.monotonic()
         while True:
             events = self.sel.select(timeout=_TICK_S)
-            late = time.monotonic() - ran_at - _TICK_S
-            if late > _LATE_S:
-                self._after_a_stop(late)  # before reading: what arrived meanwhile is judged knowing it
+            ran_at = self._still_running(ran_at, _TICK_S)  # before reading: judge what arrived knowing it
             for key, _ in events:
                 if key.data is None:
                     self._accept(key.fileobj)  # type: ignore[arg-type]
@@ -639,7 +637,7 @@ class Supervisor:
                     self._read(key.data)
             if self.on_tick is not None:
                 self.on_tick(self)
-            now = time.monotonic()
+            now = self._still_running(ran_at)  # stopped while handling events: judged before liveness
             for stale in self.gate.expired(now):
                 self._close_pending(stale)
             self._end_hold(now)
@@ -669,20 +667,30 @@ class Supervisor:
             drain = 1.0 if self.interrupted is not None else 3.0
             if mpiexec_done_at is not None and (not live or now - mpiexec_done_at > drain):
                 break
-            ran_at = time.monotonic()
+            ran_at = self._still_running(now)
         for key in list(self.sel.get_map().values()):
             if isinstance(key.data, MpiOutput):  # a daemon still holds the pipe: flush what we have
                 key.data.feed(b"", final=True)
         self._silent_at_the_end(time.monotonic())
         return self._result()
 
+    def _still_running(self, since: float, expected: float = 0.0) -> float:
+        """Now, after judging the stretch since `since` (a select of `expected` s, or plain work): one much
+        longer means the launcher was stopped in it. Every stretch of the loop is judged, so a SIGSTOP that
+        lands anywhere in it is never taken for the nodes' silence."""
+        now = time.monotonic()
+        if now - since - expected > _LATE_S:
+            self._after_a_stop(now - since - expected)
+        return now
+
     def _after_a_stop(self, late: float) -> None:
         """The loop did not run for `late` s (the launcher was stopped by SIGSTOP, or blocked, or its machine
         froze): that silence is ours, not the nodes', so it is not counted against them. Past the silence
         timeout the wrappers have given up on us (their dead-man switch ended the ranks): the job ends
         naming the launcher, and what the ranks sent before is still read and printed."""
+        now = time.monotonic()
         for conn in self.conns.values():
-            conn.heard += late
+            conn.heard = min(conn.heard + late, now)  # heard after the resume: not pushed into the future
         if not self.silence_s or late <= self.silence_s or self.abort_at is not None:
             return
         what = (
