@@ -73,7 +73,6 @@ from hpcring.torch.collective_ops import (
     reducescatter_async,
     sparse_allreduce_async,
 )
-from hpcring.torch.one_call import synchronize
 from hpcring.torch.op_handles import (
     Adasum,
     Average,
@@ -84,6 +83,7 @@ from hpcring.torch.op_handles import (
     Sum,
     handle_average_backwards_compatibility,
     poll,
+    synchronize,
 )
 
 __all__ = [

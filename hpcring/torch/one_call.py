@@ -4,7 +4,8 @@
 objects, or None on the pure-Python path. Its `allreduce` takes what a training loop's gradients and metrics
 are (a dense, contiguous CPU tensor of a plain dtype, a name, a reduce op other than Adasum, float factors,
 a registered set) and answers NotImplemented for anything else, before it has changed anything: the Python
-path in allreduce_ops.py then runs, and words every error. `synchronize` waits with the GIL released.
+path in allreduce_ops.py then runs, and words every error. Its `synchronize` becomes op_handles.synchronize's
+for int handles: it waits with the GIL released.
 """
 
 from __future__ import annotations
@@ -47,13 +48,7 @@ SUBMITTER: Any = core.submitter(
     allreduce=OpType.ALLREDUCE,
     after_device=_after_device,
 )
+if SUBMITTER is not None:  # every synchronize of an int handle (the public one, wait_now's) waits in C
+    op_handles._core_synchronize = SUBMITTER.synchronize
 
-
-def synchronize(handle: Any) -> Any:
-    """Wait for an async operation and return its output (HorovodInternalError if it failed on the ranks)."""
-    if SUBMITTER is not None and type(handle) is int:
-        return SUBMITTER.synchronize(handle)
-    return op_handles.synchronize(handle)
-
-
-__all__ = ["SUBMITTER", "synchronize"]
+__all__ = ["SUBMITTER"]

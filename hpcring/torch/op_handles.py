@@ -135,8 +135,15 @@ def wait_now(start: Callable[[], Any]) -> Any:
     return synchronize(handle)
 
 
+# The compiled core's synchronize for int handles (set by one_call.py when the core is built, else None):
+# one C call that waits with the GIL released; the Python below is its twin and handles everything else.
+_core_synchronize: Callable[[int], Any] | None = None
+
+
 def synchronize(handle: Any) -> Any:
     """Wait for an async operation and return its output (HorovodInternalError if it failed on the ranks)."""
+    if _core_synchronize is not None and type(handle) is int:
+        return _core_synchronize(handle)
     if callable(handle):  # sparse_allreduce_async returns a closure, as Horovod
         return handle()
     pending = _handle_map.pop(handle, None)

@@ -156,3 +156,32 @@ def test_a_process_set_is_taken_by_the_core_too(hvd: ModuleType) -> None:
             assert y.tolist() == [float(sum(range(0, n, 2)))] * 6
     finally:
         hvd.remove_process_set(evens)
+
+
+def test_in_flight_requests_stay_out_of_the_collector_and_nothing_is_left(hvd: ModuleType) -> None:
+    """The one-call submit's handle, request and pending are not tracked while in flight (engine.md, "The
+    compiled core"), and many steps of them leave no object behind on either path."""
+    import gc
+
+    from hpcring.torch import op_handles
+
+    n = hvd.size()
+    tensors = [torch.ones(32) for _ in range(16)]
+
+    def step(k: int) -> None:
+        handles = [hvd.allreduce_async_(t, name=f"core.gc.{i}", op=hvd.Sum) for i, t in enumerate(tensors)]
+        if k == 0 and _submitter() is not None:
+            pending = op_handles._handle_map[handles[0]]
+            assert not gc.is_tracked(pending) and not gc.is_tracked(pending.handles)
+            assert not any(gc.is_tracked(h) for h in pending.handles)
+        for h in handles:
+            hvd.synchronize(h)
+
+    step(0)
+    gc.collect()
+    before = len(gc.get_objects())
+    for k in range(1, 21):
+        step(k)
+    gc.collect()
+    assert len(gc.get_objects()) - before < 50, "objects left behind by 20 steps of 16 requests"
+    assert all(t.tolist() == [float(n**21)] * 32 for t in tensors)

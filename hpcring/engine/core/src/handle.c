@@ -54,7 +54,10 @@ HandleObject *core_handle_new(PyObject *name) {
     h->result = NULL;
     h->error = NULL;
     h->done = 0;
-    PyObject_GC_Track(h);
+    /* Out of the collector while in flight: a name that is a str and no outcome can close no cycle, and the
+     * young generation is not scanned, nor filled with survivors, for every request of a step. The outcome
+     * (handle_store) tracks it. */
+    if (!PyUnicode_CheckExact(name)) PyObject_GC_Track(h);
     return h;
 }
 
@@ -145,6 +148,7 @@ static PyObject *Handle_wait(HandleObject *self, PyObject *args, PyObject *kwds)
 
 /* Store an outcome without marking the handle done (the caller does that under the mutex). */
 static void handle_store(HandleObject *h, PyObject *result, PyObject *error) {
+    if (!PyObject_GC_IsTracked((PyObject *)h)) PyObject_GC_Track(h); /* an outcome may close a cycle */
     if (error != NULL) {
         Py_INCREF(error);
         Py_XSETREF(h->error, error);
@@ -329,7 +333,9 @@ RequestObject *core_request_new(PyObject *sig, PyObject *set_id, PyObject *tenso
     r->handle = (PyObject *)handle;
     r->submitted_at = submitted;
     r->ready = Py_None;
-    PyObject_GC_Track(r);
+    /* Left out of the collector (the one-call submit's request): it refers to atomic values, untracked
+     * arrays and its handle, and nothing a user holds refers to it, so it closes no cycle; the engine's
+     * structures hold it while in flight and drop it when done, and reference counting frees it. */
     return r;
 }
 
@@ -418,7 +424,7 @@ PendingObject *core_pending_new(PyObject *handles, PyObject *finish, PyObject *k
     p->handles = handles;
     p->finish = finish;
     p->keep = keep;
-    PyObject_GC_Track(p);
+    /* Left out of the collector for the reason the submit's request is: only the handle map refers to it. */
     return p;
 }
 

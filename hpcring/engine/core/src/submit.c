@@ -248,6 +248,7 @@ static PyObject *new_signature(SubmitterObject *self, PyObject *name, PyObject *
     }
     PyObject *items[10] = {name, self->allreduce, dtype, shape, op_name, minus_one, pre, post, s_cpu, s_empty};
     for (int i = 0; i < 10; i++) PyTuple_SET_ITEM(sig, i, i == 5 ? items[i] : Py_NewRef(items[i]));
+    PyObject_GC_UnTrack(sig); /* strings, numbers and a shape: no cycle through it (as CPython untracks tuples) */
     return sig;
 }
 
@@ -392,6 +393,7 @@ static PyObject *Submitter_allreduce(SubmitterObject *self, PyObject *const *arg
     handles = hid ? PyList_New(1) : NULL;
     if (handles == NULL) goto done;
     PyList_SET_ITEM(handles, 0, Py_NewRef((PyObject *)handle));
+    PyObject_GC_UnTrack(handles); /* only the Pending refers to it */
     pending = (PyObject *)core_pending_new(handles, Py_None, output);
     if (pending == NULL || PyDict_SetItem(self->handle_map, hid, pending) < 0) goto done;
     result = Py_NewRef(hid);
