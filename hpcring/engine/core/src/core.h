@@ -40,7 +40,8 @@ extern PyTypeObject CorePending_Type;
 extern PyTypeObject CoreSubmitter_Type;
 
 int core_handle_init_sync(void);
-double core_monotonic(void);
+long long core_now_ns(void); /* CLOCK_MONOTONIC, in ns */
+double core_monotonic(void);  /* the same in seconds, as time.monotonic() */
 HandleObject *core_handle_new(PyObject *name);
 PyObject *core_handle_wait(HandleObject *self, PyObject *timeout);
 PyObject *core_complete(PyObject *module, PyObject *const *args, Py_ssize_t nargs);

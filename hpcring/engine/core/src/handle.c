@@ -16,13 +16,13 @@ static pthread_cond_t done_cond;
 /* How long one slice of a wait lasts before the waiter checks for signals. */
 #define WAIT_SLICE_NS 50000000LL
 
-static long long now_ns(void) {
+long long core_now_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
-double core_monotonic(void) { return (double)now_ns() / 1e9; }
+double core_monotonic(void) { return (double)core_now_ns() / 1e9; }
 
 int core_handle_init_sync(void) {
     pthread_condattr_t attr;
@@ -91,7 +91,7 @@ static PyObject *Handle_done(HandleObject *self, PyObject *Py_UNUSED(ignored)) {
 static int handle_block(HandleObject *self, long long deadline_ns) {
     for (;;) {
         int done;
-        long long slice_end = now_ns() + WAIT_SLICE_NS;
+        long long slice_end = core_now_ns() + WAIT_SLICE_NS;
         if (deadline_ns >= 0 && deadline_ns < slice_end) slice_end = deadline_ns;
         Py_BEGIN_ALLOW_THREADS
         pthread_mutex_lock(&done_mutex);
@@ -103,7 +103,7 @@ static int handle_block(HandleObject *self, long long deadline_ns) {
         pthread_mutex_unlock(&done_mutex);
         Py_END_ALLOW_THREADS
         if (done) return 1;
-        if (deadline_ns >= 0 && now_ns() >= deadline_ns) return 0;
+        if (deadline_ns >= 0 && core_now_ns() >= deadline_ns) return 0;
         if (PyErr_CheckSignals() < 0) return -1;
     }
 }
@@ -125,7 +125,7 @@ PyObject *core_handle_wait(HandleObject *self, PyObject *timeout) {
         if (timeout != NULL && timeout != Py_None) {
             double t = PyFloat_AsDouble(timeout);
             if (t == -1.0 && PyErr_Occurred()) return NULL;
-            deadline = now_ns() + (t > 0 ? (long long)(t * 1e9) : 0);
+            deadline = core_now_ns() + (t > 0 ? (long long)(t * 1e9) : 0);
         }
         Py_INCREF(self);
         int got = handle_block(self, deadline);

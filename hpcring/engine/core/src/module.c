@@ -53,10 +53,10 @@ PyObject *core_wait_mpi(PyObject *Py_UNUSED(module), PyObject *arg) {
     }
     int error = 0;
     Py_BEGIN_ALLOW_THREADS
-    long long start = (long long)(core_monotonic() * 1e9);
+    long long start = core_now_ns();
     long long pause = MIN_BACKOFF_NS;
     while (!test_once(request, &error) && error == 0) {
-        if ((long long)(core_monotonic() * 1e9) - start < SPIN_NS) continue;
+        if (core_now_ns() - start < SPIN_NS) continue;
         struct timespec ts = {0, (long)pause};
         nanosleep(&ts, NULL);
         pause = pause * 2 > MAX_BACKOFF_NS ? MAX_BACKOFF_NS : pause * 2;
