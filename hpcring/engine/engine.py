@@ -44,9 +44,10 @@ from hpcring.engine.caller_cycles import CallerCycles, wake_deferred
 from hpcring.engine.engine_state import EngineState
 from hpcring.engine.execution import Executor
 from hpcring.engine.host_plane import HostPlane
+from hpcring.engine.lone_cycle import build as build_lone_cycle
 from hpcring.engine.negotiation import Negotiator
 from hpcring.engine.request import Handle, OpType, Request, Signature
-from hpcring.engine.responses import _REQ_SET, _SIG_NAME
+from hpcring.engine.responses import _REQ_SET, _SIG_NAME, Response
 from hpcring.engine.roll_call import RollCall
 from hpcring.engine.set_state import SetState
 from hpcring.engine.settings_check import check_settings_agree
@@ -100,9 +101,11 @@ class Engine:
         self._negotiator = Negotiator(state, self._mpi)
         self._executor = Executor(state, HostPlane(state, chunk, shm_slot, self._mpi.buffer), self)
         self._caller = CallerCycles(state, self._wake, self._cycle)
-        # The waiting thread's entry points, bound once: they run on every synchronous op.
+        # The waiting thread's entry points, bound once: they run on every synchronous op. In the compiled
+        # core the plain cycles of a lone small host allreduce run in C (lone_cycle.py).
         self.deferred_wake = self._caller.deferred_wake
-        self.run_inline = self._caller.run_inline
+        lone = build_lone_cycle(self, state, self._caller, self._watchdog, self._wake, self._mpi)
+        self.run_inline = self._caller.run_inline if lone is None else lone.run_inline
         self._configure_logging()
         root = world.subset(range(world.size))  # the engine's own communicators, never the caller's
         self._register(0, tuple(range(world.size)), root)
@@ -428,20 +431,38 @@ class Engine:
                 continue
             watchdog.current = (NEGOTIATION, st, None)
             responses, flags = self._negotiator.negotiate(st, timeline)
-            if set_id == 0 and not flags & _NO_SHUTDOWN:
-                if self._stop_reason is None:
-                    self._stop_reason = "another rank shut down hpcring (it called shutdown() or exited)"
+            if self._after_negotiation(st, responses, flags, timeline):
                 return True
-            if not flags & _NO_ABORT:
-                self._abort_stalled(st)
-            if not flags & _NO_TIMEOUT:
-                self._unmatched_timeout(st)
-            if responses:
-                watchdog.current = (EXCHANGE, st, responses)
-                if timeline is not None:
-                    timeline.cycle(self._cycle_no)
-                self._executor.execute(st, responses, timeline)
         return False
+
+    def _after_negotiation(
+        self, st: SetState, responses: list[Response], flags: int, timeline: Timeline | None
+    ) -> bool:
+        """The rest of one set's cycle once negotiation agreed: stop, abort, time out or execute; True when
+        the engine must stop."""
+        if st.id == 0 and not flags & _NO_SHUTDOWN:
+            if self._stop_reason is None:
+                self._stop_reason = "another rank shut down hpcring (it called shutdown() or exited)"
+            return True
+        if not flags & _NO_ABORT:
+            self._abort_stalled(st)
+        if not flags & _NO_TIMEOUT:
+            self._unmatched_timeout(st)
+        if responses:
+            self._watchdog.current = (EXCHANGE, st, responses)
+            if timeline is not None:
+                timeline.cycle(self._cycle_no)
+            self._executor.execute(st, responses, timeline)
+        return False
+
+    def _conclude_lone(self, st: SetState, now: float, flags: int, hit: int, absent: int) -> bool:
+        """The compiled lone cycle's way back (engine/lone_cycle.py): it ran intake and the agreement, and
+        the outcome is not the plain one it finishes itself; the Python cycle takes over from there."""
+        try:
+            responses, flags = self._negotiator.conclude(st, None, now, flags, hit, absent)
+            return self._after_negotiation(st, responses, flags, None)
+        finally:
+            self._watchdog.current = None
 
     def _abort_stalled(self, st: SetState) -> None:
         with self._state.lock:

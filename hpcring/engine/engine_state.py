@@ -37,6 +37,7 @@ class EngineState:
             "shm": 0,  # fused batches and contiguous requests reduced through the node's shared memory
             "tunes": 0,  # Engine.tune requests applied
             "inline": 0,  # waits whose cycles the waiting thread ran itself (caller_cycles.py)
+            "lone": 0,  # of their cycles, those the compiled core ran without Python (lone_cycle.py)
         }
 
     def work_pending(self) -> bool:

@@ -55,7 +55,9 @@ class Negotiator:
         nbytes = 8 * st.cache.words
         raw = flags.to_bytes(8, "little") + hit.to_bytes(nbytes, "little") + absent.to_bytes(nbytes, "little")
         vec = np.frombuffer(bytearray(raw), dtype=np.uint64)
-        wait_polled(st.comm.Iallreduce(self._mpi.IN_PLACE, vec, op=self._mpi.BAND))
+        # The datatype named, not inferred from the array: the compiled lone cycle sends the same words
+        # (engine/lone_cycle.py), and a collective's ranks must agree on it.
+        wait_polled(st.comm.Iallreduce(self._mpi.IN_PLACE, [vec, self._mpi.UINT64_T], op=self._mpi.BAND))
         raw = vec.tobytes()
         return (
             int.from_bytes(raw[:8], "little"),
@@ -143,6 +145,14 @@ class Negotiator:
         now = time.monotonic()
         self._intake(st, timeline, now)
         flags, hit, absent = self._agree(st, *self._vector(st))
+        return self.conclude(st, timeline, now, flags, hit, absent)
+
+    def conclude(
+        self, st: SetState, timeline: Timeline | None, now: float, flags: int, hit: int, absent: int
+    ) -> tuple[list[Response], int]:
+        """What follows the agreement (the ANDed flags, hit and absent words): the ready responses, the
+        table's exchange and the stall check. Also the compiled lone cycle's way back into Python when the
+        agreement is not the plain outcome it handles itself (engine/lone_cycle.py)."""
         if st.id == 0 and not flags & _NO_SHUTDOWN:
             return [], flags
         if not flags & _NO_TIMEOUT and st.unmatched is None:  # the table rank 0 judged, on every rank

@@ -129,7 +129,7 @@ def wait_now(start: Callable[[], Any]) -> Any:
         handle = start()
     pending = _handle_map.get(handle)
     if pending is not None and len(pending.handles) == 1:
-        engine.run_inline(pending.handles[0], deferred=True)
+        engine.run_inline(pending.handles[0], True)  # deferred; positional for the C twin
     else:  # a group (or an op that queued nothing): the engine thread runs it
         engine.wake()
     return synchronize(handle)

@@ -181,3 +181,46 @@ def test_core_built() -> None:
     if core.forced():
         pytest.skip("HPCRING_PURE_PYTHON=1: the Python path was asked for")
     assert core.kind() == "compiled", core.describe()
+
+
+@pytest.mark.parametrize(
+    "node_sizes",
+    [(1,), (2,), (4,), (8,), (2, 2), (4, 4), (1, 1, 1), (3, 1)],
+    ids=lambda s: "x".join(map(str, s)),
+)
+@pytest.mark.parametrize("algorithm", ["auto", "native", "ring", "shm", "hierarchical"])
+def test_the_lone_cycles_size_limit_is_where_auto_stops_picking_mpis_own(
+    node_sizes: tuple[int, ...], algorithm: str
+) -> None:
+    """The compiled lone cycle calls MPI_Allreduce itself for requests up to `native_max_bytes`: exactly
+    those the host plane would hand to MPI's own allreduce (selection.choose_algorithm) and a waiting thread
+    runs (INLINE_MAX_BYTES); none under a configured algorithm other than auto or native."""
+    from types import SimpleNamespace
+
+    from hpcring.collective.selection import choose_algorithm
+    from hpcring.config import EngineSettings
+    from hpcring.engine.caller_cycles import INLINE_MAX_BYTES
+    from hpcring.engine.host_plane import ENGINE_SHM_MIN_RANKS
+    from hpcring.engine.lone_cycle import native_max_bytes
+
+    settings = EngineSettings(allreduce_algorithm=algorithm)
+    st = SimpleNamespace(topology=SimpleNamespace(node_sizes=node_sizes))
+    limit = native_max_bytes(settings, st)  # type: ignore[arg-type]
+
+    def picked(nbytes: int) -> str:
+        if algorithm != "auto":
+            return algorithm
+        return choose_algorithm(
+            nbytes,
+            native_exact=True,
+            local_size=max(node_sizes),
+            cross_size=len(node_sizes),
+            shm_min_ranks=ENGINE_SHM_MIN_RANKS,
+        )
+
+    if algorithm not in ("auto", "native"):
+        assert limit == -1
+        return
+    assert 0 < limit <= INLINE_MAX_BYTES
+    assert all(picked(n) == "native" for n in (1, limit // 2, limit))
+    assert limit == INLINE_MAX_BYTES or picked(limit + 1) != "native"

@@ -55,6 +55,19 @@ LAUNCHES = (
         )
         for np, nodes in ((2, None), (4, 2))
     ),
+    # The compiled lone cycle (engine/lone_cycle.py) at 1, 2 and 4 ranks: no timeline records there, so
+    # its plain cycles run (the launches above record one, and every cycle of theirs is Python's).
+    *(
+        Launch(
+            ("torch_ops/test_torch_ops_lone_cycle.py",),
+            np=np,
+            pytest_args=(*TORCH_WARNINGS, "-o", "faulthandler_timeout=100"),
+            timeout=150,
+            requires=("torch",),
+            name=f"openmpi-np{np}-lone",
+        )
+        for np in (1, 2, 4)
+    ),
     # The device data plane on CPU tensors: gloo standing in for NCCL (flat at 2 and 4 ranks; hierarchical on
     # 2 emulated nodes with two ranks each, and with one rank each: the cross-node stage alone, no world
     # group), and the MPI route's stand-in (staged through host memory, the host plane's algorithms).

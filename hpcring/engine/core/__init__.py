@@ -46,6 +46,7 @@ __all__ = [
     "drain",
     "forced",
     "kind",
+    "lone_cycle",
     "submitter",
     "wait_polled",
 ]
@@ -113,3 +114,11 @@ def wait_polled(req: Any) -> None:
     from hpcring.collective.kernels import wait_polled as python_wait
 
     python_wait(req)
+
+
+def lone_cycle(**config: Any) -> Any:
+    """The compiled lone request's cycle (`_core.LoneCycle`, engine/lone_cycle.py), or None on the Python
+    path or where the loaded MPI's entry points it calls were not found."""
+    if _impl is fallback or not _bind_mpi() or not _impl.mpi_bound():
+        return None
+    return _impl.LoneCycle(**config)

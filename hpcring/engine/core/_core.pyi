@@ -1,4 +1,5 @@
-"""The compiled request path (src/*.c): the same interface as `fallback`, plus Submitter and MPI waiting."""
+"""The compiled request path (src/*.c): the same interface as `fallback`, plus Submitter, LoneCycle and MPI
+waiting."""
 
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -76,8 +77,34 @@ class Submitter:
     ) -> Any: ...
     def synchronize(self, handle: Any, /) -> Any: ...
 
+class LoneCycle:
+    """CallerCycles.run_inline with the plain cycles of a lone small host allreduce in C (lone_cycle.py)."""
+
+    def __init__(
+        self,
+        *,
+        engine: Any,
+        state: Any,
+        callers: Any,
+        wake_put: Callable[[None], None],
+        python_cycle: Callable[[], bool],
+        conclude: Callable[[Any, float, int, int, int], bool],
+        watchdog: Any,
+        negotiation: str,
+        exchange: str,
+        response_type: type,
+        ended_type: type,
+        error_type: type,
+        describe: Callable[[Any, Any], tuple[Any, ...]],
+        allreduce: Any,
+        handle_size: int,
+        in_place: int,
+    ) -> None: ...
+    def run_inline(self, handle: Any, deferred: bool = False, /) -> None: ...
+
 def complete(
     handles: Sequence[Handle], results: Sequence[Any] | None, error: BaseException | None = None
 ) -> None: ...
 def bind_mpi(path: str, /) -> bool: ...
+def mpi_bound() -> bool: ...
 def wait_mpi(address: int, /) -> None: ...

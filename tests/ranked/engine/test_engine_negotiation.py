@@ -180,6 +180,29 @@ def test_inline_a_lone_request_runs_on_the_waiting_thread(engine: Engine, world:
     assert engine.stats["inline"] - before >= (20 if r % 2 == 0 else 5)
 
 
+def test_a_lone_cached_allreduce_runs_its_plain_cycles_in_the_core(engine: Engine, world: Topology) -> None:
+    """lone_cycle.py: once its name is cached, a lone small host allreduce waited for inline runs its cycles
+    in the compiled core (MPI_Iallreduce of the bit words, MPI_Allreduce), paired with peers that run theirs
+    in C or in Python; in place and out of place, with AVERAGE's and a postscale's factor."""
+    from hpcring.engine import core
+
+    n, r = world.size, world.rank
+    before = engine.stats["lone"]
+    for i in range(30):
+        x = np.full(5, float(r + i), np.float32)
+        out = x if i % 2 else None  # in place on odd steps
+        h = submit(engine, OpType.ALLREDUCE, "lone.engine", x, out=out, reduce_op="average", postscale=4.0)
+        if r % 2 == 0 or i % 3 == 0:  # odd ranks mostly leave it to the engine thread
+            engine.run_inline(h)
+        want = np.float32((n - 1) / 2 + i) * np.float32(4.0)
+        np.testing.assert_array_equal(h.wait(), np.full(5, want, np.float32))
+    plain = core.kind() == "compiled" and engine._state.timeline is None and len(engine._state.sets) == 1
+    ran = engine.stats["lone"] - before
+    assert ran > 0 if plain and r % 2 == 0 else ran >= 0
+    if core.kind() == "python":
+        assert ran == 0
+
+
 def test_inline_declines_when_other_work_is_in_flight(engine: Engine, world: Topology) -> None:
     """Two requests in flight: the waiter does not take over (it blocks as before) and both complete."""
     n, r = world.size, world.rank

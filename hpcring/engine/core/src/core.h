@@ -51,6 +51,19 @@ PendingObject *core_pending_new(PyObject *handles, PyObject *finish, PyObject *k
 PyObject *core_pending_result(PendingObject *self, PyObject *results);
 
 int core_submit_init(void);
+int core_lone_init(void);
+extern PyTypeObject CoreLoneCycle_Type;
+
+/* MPI entry points looked up in the loaded libmpi (module.c); handle types differ between MPIs (int in
+ * MPICH's family, pointers in Open MPI's), so lone.c casts them to the prototype the handle size says. */
+typedef int (*core_error_string_fn)(int code, char *text, int *length);
+typedef struct {
+    void *allreduce;
+    void *iallreduce;
+    core_error_string_fn error_string;
+} CoreMpi;
+extern CoreMpi core_mpi;
+int core_wait_request(void *request); /* MPI_Test, spinning then backing off; call without the GIL */
 PyObject *core_bind_mpi(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *core_wait_mpi(PyObject *module, PyObject *arg);
 

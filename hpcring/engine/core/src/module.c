@@ -13,12 +13,14 @@
 typedef int (*mpi_test_fn)(void *request, int *flag, void *status);
 
 static mpi_test_fn mpi_test = NULL;
+CoreMpi core_mpi = {NULL, NULL, NULL};
 
 #define SPIN_NS 200000LL
 #define MIN_BACKOFF_NS 50000LL
 #define MAX_BACKOFF_NS 500000LL
 
-/* bind_mpi(path): find MPI_Test in the already-loaded libmpi at `path`; True when found. */
+/* bind_mpi(path): find MPI_Test (and what the lone cycle calls) in the already-loaded libmpi at `path`;
+ * True when MPI_Test was found. */
 PyObject *core_bind_mpi(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 1 || !PyUnicode_Check(args[0])) {
         PyErr_SetString(PyExc_TypeError, "bind_mpi(path: str)");
@@ -29,7 +31,16 @@ PyObject *core_bind_mpi(PyObject *Py_UNUSED(module), PyObject *const *args, Py_s
     void *lib = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
     if (lib == NULL) Py_RETURN_FALSE;
     mpi_test = (mpi_test_fn)dlsym(lib, "MPI_Test");
+    core_mpi.allreduce = dlsym(lib, "MPI_Allreduce");
+    core_mpi.iallreduce = dlsym(lib, "MPI_Iallreduce");
+    core_mpi.error_string = (core_error_string_fn)dlsym(lib, "MPI_Error_string");
     return PyBool_FromLong(mpi_test != NULL);
+}
+
+/* mpi_bound(): every MPI entry point the lone cycle calls was found by bind_mpi. */
+static PyObject *core_mpi_bound(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(arg)) {
+    return PyBool_FromLong(mpi_test != NULL && core_mpi.allreduce != NULL && core_mpi.iallreduce != NULL &&
+                           core_mpi.error_string != NULL);
 }
 
 static int test_once(void *request, int *error) {
@@ -38,6 +49,19 @@ static int test_once(void *request, int *error) {
     int flag = 0;
     *error = mpi_test(request, &flag, status);
     return flag;
+}
+
+int core_wait_request(void *request) {
+    int error = 0;
+    long long start = core_now_ns();
+    long long pause = MIN_BACKOFF_NS;
+    while (!test_once(request, &error) && error == 0) {
+        if (core_now_ns() - start < SPIN_NS) continue;
+        struct timespec ts = {0, (long)pause};
+        nanosleep(&ts, NULL);
+        pause = pause * 2 > MAX_BACKOFF_NS ? MAX_BACKOFF_NS : pause * 2;
+    }
+    return error;
 }
 
 /* wait_mpi(address): wait for the MPI_Request at `address` (mpi4py's `MPI._addressof(req)`). */
@@ -53,14 +77,7 @@ PyObject *core_wait_mpi(PyObject *Py_UNUSED(module), PyObject *arg) {
     }
     int error = 0;
     Py_BEGIN_ALLOW_THREADS
-    long long start = core_now_ns();
-    long long pause = MIN_BACKOFF_NS;
-    while (!test_once(request, &error) && error == 0) {
-        if (core_now_ns() - start < SPIN_NS) continue;
-        struct timespec ts = {0, (long)pause};
-        nanosleep(&ts, NULL);
-        pause = pause * 2 > MAX_BACKOFF_NS ? MAX_BACKOFF_NS : pause * 2;
-    }
+    error = core_wait_request(request);
     Py_END_ALLOW_THREADS
     if (error != 0) {
         PyErr_Format(PyExc_RuntimeError, "MPI_Test failed with error code %d", error);
@@ -74,6 +91,8 @@ static PyMethodDef core_methods[] = {
      "complete(handles, results, error=None): finish a batch of handles, one wake-up for their waiters."},
     {"bind_mpi", (PyCFunction)(void (*)(void))core_bind_mpi, METH_FASTCALL,
      "bind_mpi(path): look MPI_Test up in the loaded libmpi at path; True when found."},
+    {"mpi_bound", (PyCFunction)core_mpi_bound, METH_NOARGS,
+     "mpi_bound(): True when bind_mpi also found what the lone cycle calls."},
     {"wait_mpi", (PyCFunction)core_wait_mpi, METH_O,
      "wait_mpi(address): wait for an MPI request, spinning then backing off, the GIL released."},
     {NULL, NULL, 0, NULL},
@@ -99,11 +118,12 @@ PyMODINIT_FUNC PyInit__core(void) {
         PyErr_SetString(PyExc_RuntimeError, "hpcring core: cannot create its condition variable");
         return NULL;
     }
-    if (core_submit_init() < 0) return NULL;
+    if (core_submit_init() < 0 || core_lone_init() < 0) return NULL;
     PyObject *m = PyModule_Create(&core_module);
     if (m == NULL) return NULL;
     if (add_type(m, &CoreHandle_Type, "Handle") < 0 || add_type(m, &CoreRequest_Type, "Request") < 0 ||
-        add_type(m, &CorePending_Type, "Pending") < 0 || add_type(m, &CoreSubmitter_Type, "Submitter") < 0) {
+        add_type(m, &CorePending_Type, "Pending") < 0 || add_type(m, &CoreSubmitter_Type, "Submitter") < 0 ||
+        add_type(m, &CoreLoneCycle_Type, "LoneCycle") < 0) {
         Py_DECREF(m);
         return NULL;
     }
