@@ -32,7 +32,7 @@ import socket
 import threading
 import time
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from hpcring.collective import kernels
@@ -106,6 +106,8 @@ class Engine:
         self.deferred_wake = self._caller.deferred_wake
         lone = build_lone_cycle(self, state, self._caller, self._watchdog, self._wake, self._mpi)
         self.run_inline = self._caller.run_inline if lone is None else lone.run_inline
+        # The engine thread's cycle: the same plain cycle in C for a lone async request.
+        self._thread_cycle: Callable[[], bool] = self._cycle if lone is None else lone.cycle
         self._configure_logging()
         root = world.subset(range(world.size))  # the engine's own communicators, never the caller's
         self._register(0, tuple(range(world.size)), root)
@@ -365,7 +367,7 @@ class Engine:
                 with caller.lock:  # a caller may be running the cycle itself
                     if caller.take_end():
                         break
-                    if not (woken and caller.nothing_to_do()) and self._cycle():
+                    if not (woken and caller.nothing_to_do()) and self._thread_cycle():
                         break
                 woken = self._sleep(start, self._state.settings.cycle_time_ms / 1000.0)
         except BaseException as exc:  # the thread must never die silently: callers would wait forever

@@ -494,9 +494,24 @@ static PyObject *Lone_run_inline(LoneObject *self, PyObject *const *args, Py_ssi
     Py_RETURN_NONE;
 }
 
+/* Engine._cycle for the engine thread: the plain cycle in C when it is one (whoever's the lone request), else
+ * the Python cycle. True when the engine must stop. */
+static PyObject *Lone_cycle(LoneObject *self, PyObject *Py_UNUSED(ignored)) {
+    Plain p;
+    int ran = 0;
+    int rc = lone_plain_cycle(self, NULL, &p);
+    if (rc == 1) rc = plain_run(self, &p, &ran);
+    lone_plain_clear(&p);
+    if (rc < 0) return NULL;
+    if (!ran) return PyObject_CallNoArgs(self->python_cycle);
+    return PyBool_FromLong(rc);
+}
+
 static PyMethodDef Lone_methods[] = {
     {"run_inline", (PyCFunction)(void (*)(void))Lone_run_inline, METH_FASTCALL,
      "CallerCycles.run_inline(handle, deferred=False), the plain cycles of a small host allreduce in C."},
+    {"cycle", (PyCFunction)Lone_cycle, METH_NOARGS,
+     "Engine._cycle: the plain cycle of a lone small host allreduce in C, else the Python one."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -272,7 +272,8 @@ static int plain_set(LoneObject *self, Plain *p) {
     return 1;
 }
 
-/* Where the request is: alone in `incoming` (fresh) or alone in `cached_wait`; its cache bit. 1, 0, -1. */
+/* Where the request is: alone in `incoming` (fresh) or alone in `cached_wait`; its cache bit. `handle`: the
+ * waiter's, whose request it must be (NULL: the engine thread's cycle, anyone's). 1, 0, -1. */
 static int plain_request(Plain *p, PyObject *handle) {
     PyObject *incoming = ATTR(p->st, s_incoming);
     PyObject *waiting = incoming ? ATTR(p->st, s_cached_wait) : NULL;
@@ -291,7 +292,8 @@ static int plain_request(Plain *p, PyObject *handle) {
         p->bit = Py_NewRef(bit);
         p->fresh = 0;
     }
-    if (req == NULL || Py_TYPE(req) != &CoreRequest_Type || ((RequestObject *)req)->handle != handle) goto out;
+    if (req == NULL || Py_TYPE(req) != &CoreRequest_Type) goto out;
+    if (handle != NULL && ((RequestObject *)req)->handle != handle) goto out;
     p->req = (RequestObject *)req;
     rc = 1;
 out:
