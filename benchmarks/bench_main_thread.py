@@ -24,9 +24,11 @@ rounds (the three modes alternate, their order rotating each round):
 
 Also per rank: the achieved op rate, the share of synchronizes that found the op still pending, and the CPU
 time of the engine thread (the thread named `hpcring-engine`, read from /proc/self/task/TID/schedstat) and of
-the main thread per wall second. `worst` is the slowest rank's (largest) loss. The ops per window are agreed
-over the ranks after it (the ranks' clocks issue slightly different counts; the missing ones are issued,
-outside the window, before every handle is synchronized). `core` says which engine core ran:
+the main thread per wall second. `worst` is the slowest rank's (largest) loss. Every rank issues the same
+number of ops per window, `--rate` x `--window`: the ticks its clock did not reach inside the window are
+issued after it, before every handle is synchronized. (Agreeing on the counts after the window deadlocked
+now and then: a rank whose clock issued more waited, inside the window, for an op of a peer that the peer
+would issue only after the agreement.) `core` says which engine core ran:
 `hpcring.engine.core.kind()`, "compiled" or "python" (HPCRING_PURE_PYTHON=1 forces the Python twin).
 """
 
@@ -135,10 +137,11 @@ class Issuer:
             hvd.synchronize(self.handles.popleft())
 
 
-def issue_thread(issuer: Issuer, period: float, t0: float, stop: threading.Event) -> None:
-    """The `thread` mode's issuer: one op per tick of the same clock as the loop's, sleeping in between."""
+def issue_thread(issuer: Issuer, period: float, t0: float, stop: threading.Event, target: int) -> None:
+    """The `thread` mode's issuer: one op per tick of the same clock as the loop's, sleeping in between, up
+    to the window's `target` ops."""
     due = t0 + period
-    while not stop.is_set():
+    while not stop.is_set() and issuer.count < target:
         now = time.perf_counter()
         if now >= due:
             due += period
@@ -147,9 +150,12 @@ def issue_thread(issuer: Issuer, period: float, t0: float, stop: threading.Event
             time.sleep(due - now)
 
 
-def training_loop(args: argparse.Namespace, issuer: Issuer | None, t0: float) -> tuple[int, float, float]:
+def training_loop(
+    args: argparse.Namespace, issuer: Issuer | None, t0: float, target: int
+) -> tuple[int, float, float]:
     """The training thread's loop from `t0` for the window: (iterations, seconds inside hpcring calls,
-    elapsed seconds). Every mode takes the tick branch; only with an `issuer` does it call hpcring."""
+    elapsed seconds). Every mode takes the tick branch; only with an `issuer` does it call hpcring (up to the
+    window's `target` ops)."""
     period, steps, own = 1.0 / args.rate, args.work, 0.0
     end, due, iters = t0 + args.window, t0 + period, 0
     while True:
@@ -158,7 +164,7 @@ def training_loop(args: argparse.Namespace, issuer: Issuer | None, t0: float) ->
             break
         if now >= due:
             due += period
-            if issuer is not None:
+            if issuer is not None and issuer.count < target:
                 issuer.op()
                 own += time.perf_counter() - now
         work(steps)
@@ -169,21 +175,24 @@ def training_loop(args: argparse.Namespace, issuer: Issuer | None, t0: float) ->
 def run_window(comm: Any, mode: str, args: argparse.Namespace, tid: int | None) -> dict[str, float]:
     """One window of the loop in `mode`; its figures on this rank."""
     issuer = Issuer(args.bytes, args.depth)
+    target = round(args.rate * args.window)  # the same on every rank: no agreement after the window
     stop = threading.Event()
     comm.Barrier()
     cpu0, main0 = thread_cpu_s(tid), time.thread_time()
     t0 = time.perf_counter()
     helper = None
     if mode == "thread":
-        helper = threading.Thread(target=issue_thread, args=(issuer, 1.0 / args.rate, t0, stop), daemon=True)
+        helper = threading.Thread(
+            target=issue_thread, args=(issuer, 1.0 / args.rate, t0, stop, target), daemon=True
+        )
         helper.start()
-    iters, own, elapsed = training_loop(args, issuer if mode == "training" else None, t0)
+    iters, own, elapsed = training_loop(args, issuer if mode == "training" else None, t0, target)
     cpu1, main1 = thread_cpu_s(tid), time.thread_time()
     stop.set()
     if helper is not None:
         helper.join()
     ops, sync_s, syncs, pending = issuer.count, issuer.sync_s, issuer.syncs, issuer.pending_at_sync
-    issuer.finish(comm.allreduce(ops, op=MPI.MAX))  # outside the window: not in its figures
+    issuer.finish(target)  # outside the window: not in its figures
     return {
         "ips": iters / elapsed,
         "ips_excl": iters / (elapsed - own),
