@@ -73,10 +73,10 @@ def native_max_bytes(settings: EngineSettings, st: SetState) -> int:
     return low
 
 
-def reduce_table(transport: Any, mpi: Any) -> dict[str, dict[str, tuple[int, int, bool, int]]]:
-    """reduce op name -> dtype name -> (MPI datatype handle, MPI op handle, AVERAGE, scaled kind) for every
-    pair MPI reduces exactly on this transport (the others take the Python path)."""
-    table: dict[str, dict[str, tuple[int, int, bool, int]]] = {}
+def reduce_table(transport: Any, mpi: Any) -> dict[str, dict[str, tuple[int, int, bool, int, int]]]:
+    """reduce op name -> dtype name -> (MPI datatype handle, MPI op handle, AVERAGE, scaled kind, numpy type
+    number) for every pair MPI reduces exactly on this transport (the others take the Python path)."""
+    table: dict[str, dict[str, tuple[int, int, bool, int, int]]] = {}
     if not isinstance(transport, MPITransport):
         return table
     for op_name, op in BY_VALUE.items():  # Adasum is not element-wise: never here (host_adasum.py)
@@ -87,7 +87,8 @@ def reduce_table(transport: Any, mpi: Any) -> dict[str, dict[str, tuple[int, int
             if not exact(transport, dt, op):
                 continue
             handles = (mpi._handleof(_datatype(dt)), mpi._handleof(transport._op(dt, op)))
-            table.setdefault(op_name, {})[name] = (*handles, op is ReduceOp.AVERAGE, _SCALED.get(name, 0))
+            average = op is ReduceOp.AVERAGE
+            table.setdefault(op_name, {})[name] = (*handles, average, _SCALED.get(name, 0), dt.num)
     return table
 
 

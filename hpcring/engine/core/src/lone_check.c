@@ -185,21 +185,20 @@ int lone_waiter_alone(LoneObject *self, PyObject *handle) {
         } else {
             PyObject *nbytes = PyObject_GetAttr(tensor, s_nbytes);
             if (nbytes == NULL) {
-                if (!PyErr_ExceptionMatches(PyExc_AttributeError)) goto error_found;
+                if (!PyErr_ExceptionMatches(PyExc_AttributeError)) goto error;
                 PyErr_Clear();
             } else {
                 long long n = PyLong_AsLongLong(nbytes);
                 Py_DECREF(nbytes);
-                if (n == -1 && PyErr_Occurred()) goto error_found;
+                if (n == -1 && PyErr_Occurred()) goto error;
                 ok = n <= INLINE_MAX_BYTES;
             }
         }
     }
     Py_DECREF(found);
     return ok;
-error_found:
-    Py_DECREF(found);
 error:
+    Py_XDECREF(found);
     return -1;
 }
 
@@ -217,13 +216,16 @@ static int plain_reduce(LoneObject *self, Plain *p, PyObject *sig) {
     PyObject *entry = by_dtype && PyDict_Check(by_dtype) ? PyDict_GetItemWithError(by_dtype, PyTuple_GET_ITEM(sig, 2))
                                                          : NULL;
     if (entry == NULL) return PyErr_Occurred() ? -1 : 0;
-    if (!PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) != 4) return 0;
+    if (!PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) != 5) return 0;
     p->dtype = PyLong_AsVoidPtr(PyTuple_GET_ITEM(entry, 0));
     p->op = PyLong_AsVoidPtr(PyTuple_GET_ITEM(entry, 1));
     int average = PyObject_IsTrue(PyTuple_GET_ITEM(entry, 2));
     p->kind = (int)PyLong_AsLong(PyTuple_GET_ITEM(entry, 3));
+    long typenum = PyLong_AsLong(PyTuple_GET_ITEM(entry, 4));
     double post = PyFloat_AsDouble(PyTuple_GET_ITEM(sig, 7));
     if (PyErr_Occurred() || average < 0) return -1;
+    /* the arrays are what the signature says (the host plane reduces the array's dtype) */
+    if (PyArray_TYPE((PyArrayObject *)p->tensor) != typenum) return 0;
     p->post = average ? post / (double)p->size : post; /* host_buffers._postscale */
     return p->post == 1.0 || p->kind != 0;
 }
