@@ -150,6 +150,44 @@ def pick_allreduce(
     )
 
 
+def largest_native(node_sizes: Sequence[int], algorithm: str, shm_min_ranks: int, limit: int) -> int:
+    """The largest message, at most `limit` bytes, that `allreduce` hands to the transport's own allreduce
+    under `algorithm` for an exactly reducible dtype on this layout; -1 when it never does (another algorithm
+    is configured). `auto` has one threshold per layout, found by bisection of its own rule."""
+    if algorithm == "native":
+        return limit
+    if algorithm != "auto":
+        return -1
+
+    def native(nbytes: int) -> bool:
+        picked = choose_algorithm(
+            nbytes,
+            native_exact=True,
+            local_size=max(node_sizes),
+            cross_size=len(node_sizes),
+            shm_min_ranks=shm_min_ranks,
+        )
+        return picked == "native"
+
+    if native(limit):
+        return limit
+    low, high = 0, limit  # native(low), not native(high)
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (mid, high) if native(mid) else (low, mid)
+    return low
+
+
+def mpi_reduction(t: Any, dtype: np.dtype[Any], op: ReduceOp) -> tuple[Any, Any] | None:
+    """The mpi4py datatype and op of a native allreduce of `dtype` under `op` on transport `t`, when `t` is
+    MPI's and reduces them exactly; else None."""
+    from hpcring.collective.backends.mpi import MPITransport
+
+    if not isinstance(t, MPITransport) or not exact(t, dtype, op):
+        return None
+    return t.reduction(dtype, op)
+
+
 def allreduce(
     topo: Topology,
     src: NDArray,

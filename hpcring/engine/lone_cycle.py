@@ -21,11 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from hpcring.collective import dtypes
-from hpcring.collective.backends.mpi import MPITransport, _datatype
-from hpcring.collective.kernels import exact
+from hpcring.collective import dtypes, kernels
 from hpcring.collective.ops import BY_VALUE, ReduceOp
-from hpcring.collective.selection import choose_algorithm
 from hpcring.config import EngineSettings
 from hpcring.engine import core
 from hpcring.engine.caller_cycles import INLINE_MAX_BYTES, CallerCycles, _Ended
@@ -45,49 +42,27 @@ _SCALED = {"float32": 1, "float64": 2}
 
 def native_max_bytes(settings: EngineSettings, st: SetState) -> int:
     """The largest request the lone path takes on `st`: what the host plane would hand to MPI's own
-    allreduce (`pick_allreduce` with the engine's shared-memory minimum), at most INLINE_MAX_BYTES; -1 when
-    the configured algorithm never does."""
-    algorithm = settings.allreduce_algorithm
-    if algorithm == "native":
-        return INLINE_MAX_BYTES
-    if algorithm != "auto":
-        return -1
-    sizes = st.topology.node_sizes
-
-    def native(nbytes: int) -> bool:
-        picked = choose_algorithm(
-            nbytes,
-            native_exact=True,
-            local_size=max(sizes),
-            cross_size=len(sizes),
-            shm_min_ranks=ENGINE_SHM_MIN_RANKS,
-        )
-        return picked == "native"
-
-    if native(INLINE_MAX_BYTES):
-        return INLINE_MAX_BYTES
-    low, high = 0, INLINE_MAX_BYTES  # native(low), not native(high): the rule has one threshold per layout
-    while high - low > 1:
-        mid = (low + high) // 2
-        low, high = (mid, high) if native(mid) else (low, mid)
-    return low
+    allreduce (the engine's shared-memory minimum), at most INLINE_MAX_BYTES; -1 when the configured
+    algorithm never does."""
+    return kernels.largest_native(
+        st.topology.node_sizes, settings.allreduce_algorithm, ENGINE_SHM_MIN_RANKS, INLINE_MAX_BYTES
+    )
 
 
 def reduce_table(transport: Any, mpi: Any) -> dict[str, dict[str, tuple[int, int, bool, int, int]]]:
     """reduce op name -> dtype name -> (MPI datatype handle, MPI op handle, AVERAGE, scaled kind, numpy type
     number) for every pair MPI reduces exactly on this transport (the others take the Python path)."""
     table: dict[str, dict[str, tuple[int, int, bool, int, int]]] = {}
-    if not isinstance(transport, MPITransport):
-        return table
     for op_name, op in BY_VALUE.items():  # Adasum is not element-wise: never here (host_adasum.py)
         for name in dtypes.SUPPORTED:
             if name in ("bool", "bfloat16"):  # never a plain host view (one_call.py)
                 continue
             dt = np.dtype(name)
-            if not exact(transport, dt, op):
+            found = kernels.mpi_reduction(transport, dt, op)
+            if found is None:
                 continue
-            handles = (mpi._handleof(_datatype(dt)), mpi._handleof(transport._op(dt, op)))
             average = op is ReduceOp.AVERAGE
+            handles = (mpi._handleof(found[0]), mpi._handleof(found[1]))
             table.setdefault(op_name, {})[name] = (*handles, average, _SCALED.get(name, 0), dt.num)
     return table
 

@@ -120,6 +120,10 @@ class MPITransport(OverCommunicator):
             found = _MPI_OPS[(dtype, id(op))] = getattr(self._mpi, names[op.base])
         return found
 
+    def reduction(self, dtype: np.dtype[Any], op: ReduceOp) -> tuple[Any, Any]:
+        """The MPI datatype and op `allreduce` sends a `dtype` buffer with under `op` (exactly reducible)."""
+        return _datatype(dtype), self._op(dtype, op)
+
     def allreduce(self, buf: NDArray, op: ReduceOp, sendbuf: NDArray | None = None) -> None:
         send = self._mpi.IN_PLACE if sendbuf is None else _spec(sendbuf)
         self.comm.Allreduce(send, _spec(buf), self._op(buf.dtype, op))
