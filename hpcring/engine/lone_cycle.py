@@ -69,14 +69,13 @@ def reduce_table(transport: Any, mpi: Any) -> dict[str, dict[str, tuple[int, int
 
 def describe(mpi: Any) -> Callable[[EngineSettings, SetState], tuple[Any, ...]]:
     """What the core reads once per (settings, process set): (largest request in bytes, patience in s or
-    None, cycle time in s, stall-check period in s, the set's MPI communicator handle, the handles of the
+    None, stall-check period in s, the set's MPI communicator handle, the handles of the
     negotiation words' datatype and op (`Negotiator._agree`'s), the reduce table)."""
 
     def of(settings: EngineSettings, st: SetState) -> tuple[Any, ...]:
         return (
             native_max_bytes(settings, st),
             patience_s(settings),
-            settings.cycle_time_ms / 1000.0,
             _STALL_CHECK_EVERY_S,
             mpi._handleof(st.comm),
             mpi._handleof(mpi.UINT64_T),

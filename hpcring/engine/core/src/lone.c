@@ -184,7 +184,9 @@ static int agree(LoneObject *self, Plain *p, PyObject **out) {
         return -1;
     }
     Py_ssize_t n = 1 + 2 * words;
-    unsigned long long *vec = PyMem_Calloc((size_t)n, sizeof(*vec));
+    unsigned long long small[1 + 2 * 16] = {0}; /* the default capacity's words, without an allocation */
+    unsigned long long *vec = n <= (Py_ssize_t)(sizeof(small) / sizeof(small[0])) ? small
+                                                                                  : PyMem_Calloc((size_t)n, sizeof(*vec));
     if (vec == NULL) {
         PyErr_NoMemory();
         return -1;
@@ -215,7 +217,7 @@ static int agree(LoneObject *self, Plain *p, PyObject **out) {
         Py_XDECREF(absent);
         result = *out == NULL ? -1 : 0;
     }
-    PyMem_Free(vec);
+    if (vec != small) PyMem_Free(vec);
     return result;
 }
 
@@ -454,7 +456,10 @@ static PyObject *Lone_run_inline(LoneObject *self, PyObject *const *args, Py_ssi
         return PyObject_CallMethodObjArgs(self->callers, s_run_inline, handle, deferred ? Py_True : Py_False, NULL);
     if (lone_handle_done(handle)) Py_RETURN_NONE;
     int rc = lone_attr_is(self->state, s_timeline, Py_None);
-    if (rc == 1) rc = lone_one_in_flight(self);
+    if (rc == 1) {
+        Py_ssize_t inflight = lone_in_flight(self);
+        rc = inflight < 0 ? -1 : inflight == 1;
+    }
     PyObject *got = NULL;
     if (rc == 1) {
         got = PyObject_CallMethodOneArg(self->cycle_lock, s_acquire, Py_False);
@@ -477,14 +482,9 @@ static PyObject *Lone_run_inline(LoneObject *self, PyObject *const *args, Py_ssi
     if (allowed < 0) return NULL;
     /* what is left (another thread's request, a stop) is the engine thread's */
     if (lone_call_lock(self->state_lock, s_acquire) < 0) return NULL;
-    int left = 0;
-    Py_ssize_t pos = 0;
-    PyObject *key, *st;
-    while (left == 0 && PyDict_Next(self->sets, &pos, &key, &st)) {
-        Py_ssize_t n = lone_attr_len(st, s_inflight);
-        left = n < 0 ? -1 : n > 0;
-    }
-    if (left == 0) left = lone_attr_is(self->callers, s_end, Py_None) == 1 ? 0 : 1;
+    Py_ssize_t inflight = lone_in_flight(self);
+    int ended = inflight < 0 ? -1 : lone_attr_is(self->callers, s_end, Py_None);
+    int left = ended < 0 ? -1 : inflight > 0 || !ended;
     if (lone_release_keep(self->state_lock) < 0 || left < 0) return NULL;
     if (left) {
         PyObject *r = PyObject_CallOneArg(self->wake_put, Py_None);

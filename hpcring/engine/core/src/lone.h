@@ -20,7 +20,7 @@ typedef struct {
     PyObject *desc_settings, *desc_set, *table;
     long long max_bytes;
     double patience; /* < 0: None */
-    double cycle_s, stall_every;
+    double stall_every;
     void *comm, *vec_dtype, *band; /* the set's communicator; the negotiation words' datatype and op */
 } LoneObject;
 
@@ -63,7 +63,7 @@ int lone_handle_done(PyObject *h);
 
 /* lone_check.c: what describe() said, and whether a wait or a cycle may be the core's */
 int lone_described(LoneObject *self, PyObject *settings, PyObject *st);
-int lone_one_in_flight(LoneObject *self);
+Py_ssize_t lone_in_flight(LoneObject *self);
 int lone_waiter_alone(LoneObject *self, PyObject *handle);
 int lone_plain_cycle(LoneObject *self, PyObject *handle, Plain *p);
 void lone_plain_clear(Plain *p);

@@ -119,20 +119,19 @@ int lone_described(LoneObject *self, PyObject *settings, PyObject *st) {
     PyObject *d = PyObject_CallFunctionObjArgs(self->describe, settings, st, NULL);
     if (d == NULL) return -1;
     int rc = -1;
-    if (!PyTuple_Check(d) || PyTuple_GET_SIZE(d) != 8 || !PyDict_Check(PyTuple_GET_ITEM(d, 7))) {
-        PyErr_SetString(PyExc_TypeError, "LoneCycle: describe() must return an 8-tuple ending in a dict");
+    if (!PyTuple_Check(d) || PyTuple_GET_SIZE(d) != 7 || !PyDict_Check(PyTuple_GET_ITEM(d, 6))) {
+        PyErr_SetString(PyExc_TypeError, "LoneCycle: describe() must return a 7-tuple ending in a dict");
         goto out;
     }
     self->max_bytes = PyLong_AsLongLong(PyTuple_GET_ITEM(d, 0));
     PyObject *patience = PyTuple_GET_ITEM(d, 1);
     self->patience = patience == Py_None ? -1.0 : PyFloat_AsDouble(patience);
-    self->cycle_s = PyFloat_AsDouble(PyTuple_GET_ITEM(d, 2));
-    self->stall_every = PyFloat_AsDouble(PyTuple_GET_ITEM(d, 3));
-    self->comm = PyLong_AsVoidPtr(PyTuple_GET_ITEM(d, 4));
-    self->vec_dtype = PyLong_AsVoidPtr(PyTuple_GET_ITEM(d, 5));
-    self->band = PyLong_AsVoidPtr(PyTuple_GET_ITEM(d, 6));
+    self->stall_every = PyFloat_AsDouble(PyTuple_GET_ITEM(d, 2));
+    self->comm = PyLong_AsVoidPtr(PyTuple_GET_ITEM(d, 3));
+    self->vec_dtype = PyLong_AsVoidPtr(PyTuple_GET_ITEM(d, 4));
+    self->band = PyLong_AsVoidPtr(PyTuple_GET_ITEM(d, 5));
     if (PyErr_Occurred()) goto out;
-    Py_XSETREF(self->table, Py_NewRef(PyTuple_GET_ITEM(d, 7)));
+    Py_XSETREF(self->table, Py_NewRef(PyTuple_GET_ITEM(d, 6)));
     Py_XSETREF(self->desc_settings, Py_NewRef(settings));
     Py_XSETREF(self->desc_set, Py_NewRef(st));
     rc = 0;
@@ -143,8 +142,9 @@ out:
 
 /* ------------------------------------------------------------------------------------- run_inline's checks */
 
-/* sum(len(st.inflight) for st in sets) == 1 (CallerCycles._one_in_flight); -1 on error. */
-int lone_one_in_flight(LoneObject *self) {
+/* sum(len(st.inflight) for st in sets): CallerCycles._one_in_flight's count, and EngineState.work_pending
+ * when above 0; -1 on error. */
+Py_ssize_t lone_in_flight(LoneObject *self) {
     Py_ssize_t pos = 0, total = 0;
     PyObject *key, *st;
     while (PyDict_Next(self->sets, &pos, &key, &st)) {
@@ -152,7 +152,7 @@ int lone_one_in_flight(LoneObject *self) {
         if (n < 0) return -1;
         total += n;
     }
-    return total == 1;
+    return total;
 }
 
 /* CallerCycles._lone_request: the handle's request is the only one in flight, small, not taken in yet
