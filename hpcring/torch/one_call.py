@@ -50,5 +50,6 @@ SUBMITTER: Any = core.submitter(
 )
 if SUBMITTER is not None:  # every synchronize of an int handle (the public one, wait_now's) waits in C
     op_handles._core_synchronize = SUBMITTER.synchronize
+    op_handles._core_group = SUBMITTER.group
 
 __all__ = ["SUBMITTER"]

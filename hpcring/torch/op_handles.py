@@ -188,10 +188,17 @@ class _Batch(threading.local):
 
 _tls = _Batch()
 
+# The compiled core's count of grouped calls being built (set by one_call.py, else None): its submit reads
+# `_tls` only while one is open on some thread.
+_core_group: Callable[[int], Any] | None = None
+
 
 def _submit_group(make: Callable[[], list[int]]) -> int:
     """Run `make` (which calls the single-tensor *_async functions) and queue all its requests atomically, so
     the group is negotiated, and fused, as one unit; returns one handle for the list of results."""
+    counted = _core_group
+    if counted is not None:
+        counted(1)
     _tls.batch = []
     handles: list[int] = []
     try:
@@ -203,6 +210,8 @@ def _submit_group(make: Callable[[], list[int]]) -> int:
         raise
     finally:
         _tls.batch = None
+        if counted is not None:
+            counted(-1)
     return _grouped(handles)
 
 

@@ -35,7 +35,7 @@ class Request:
     ) -> None: ...
 
 class Pending:
-    handles: list[Handle]
+    handles: Sequence[Handle]
     finish: Callable[[list[Any]], Any] | None
     keep: Any
     def __init__(
@@ -44,6 +44,7 @@ class Pending:
     def result(self, results: list[Any]) -> Any: ...
 
 class Submitter:
+    groups_open: int
     def __init__(
         self,
         *,
@@ -76,6 +77,7 @@ class Submitter:
         /,
     ) -> Any: ...
     def synchronize(self, handle: Any, /) -> Any: ...
+    def group(self, delta: int, /) -> None: ...
 
 class LoneCycle:
     """CallerCycles.run_inline with the plain cycles of a lone small host allreduce in C (lone_cycle.py)."""

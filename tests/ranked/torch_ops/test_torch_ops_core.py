@@ -158,6 +158,46 @@ def test_a_process_set_is_taken_by_the_core_too(hvd: ModuleType) -> None:
         hvd.remove_process_set(evens)
 
 
+def test_a_name_used_again_with_other_fields_gets_them(hvd: ModuleType) -> None:
+    """The core reuses the signature it last built for a name only when every field agrees: the same name
+    with another shape, dtype, op or factor reduces with what this call says."""
+    n, r = hvd.size(), hvd.rank()
+    total = n * (n + 1) // 2
+    calls: list[tuple[torch.Tensor, Any, float, Any]] = [
+        (torch.full((4,), float(r + 1)), hvd.Sum, 1.0, float(total)),
+        (torch.full((4,), float(r + 1)), hvd.Sum, 1.0, float(total)),  # the reused signature
+        (torch.full((2, 3), float(r + 1)), hvd.Sum, 1.0, float(total)),  # another shape
+        (torch.full((6,), float(r + 1)), hvd.Sum, 1.0, float(total)),  # as many elements, another shape
+        (torch.full((6,), r + 1, dtype=torch.int32), hvd.Sum, 1.0, total),  # another dtype
+        (torch.full((6,), float(r + 1)), hvd.Max, 1.0, float(n)),  # another op
+        (torch.full((6,), float(r + 1)), hvd.Max, 0.5, n / 2),  # another postscale
+        (torch.full((6,), float(r + 1)), hvd.Max, 1.0, float(n)),  # back again
+    ]
+    for x, op, post, want in calls:
+        y = hvd.synchronize(hvd.allreduce_async_(x, name="core.again", op=op, postscale_factor=post))
+        assert y is x and y.tolist() == torch.full(x.shape, want, dtype=x.dtype).tolist()
+
+
+def test_a_grouped_call_reads_the_batch_only_while_one_is_open(hvd: ModuleType) -> None:
+    """Members of a grouped call join its batch (the Python path), and once it ends, or fails, single calls
+    are the core's again."""
+    n, r = hvd.size(), hvd.rank()
+    sub = _submitter()
+    xs = [torch.full((3,), float(r + i)) for i in range(4)]
+    out = hvd.synchronize(hvd.grouped_allreduce_async_(xs, name="core.group", op=hvd.Sum))
+    assert [t.tolist() for t in out] == [[float(n * i + n * (n - 1) // 2)] * 3 for i in range(4)]
+    with pytest.raises(ValueError):
+        hvd.grouped_allreduce_async_([torch.ones(2), torch.ones(2, dtype=torch.complex64)], name="core.bad")
+    if sub is None:
+        return
+    assert sub.groups_open == 0
+    with pytest.raises(ValueError, match="more grouped calls ended than started"):
+        sub.group(-1)
+    x = torch.ones(3)
+    handle = sub.allreduce(x, x, "core.after.group", hvd.Sum, None, 1.0, 1.0, hvd.global_process_set)
+    assert type(handle) is int and hvd.synchronize(handle).tolist() == [float(n)] * 3
+
+
 def test_in_flight_requests_stay_out_of_the_collector_and_nothing_is_left(hvd: ModuleType) -> None:
     """The one-call submit's handle, request and pending are not tracked while in flight (engine.md, "The
     compiled core"), and many steps of them leave no object behind on either path."""

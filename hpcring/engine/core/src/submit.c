@@ -30,12 +30,19 @@ typedef struct {
     PyObject *sig_type;     /* Signature (a tuple subclass) */
     PyObject *allreduce;    /* OpType.ALLREDUCE */
     PyObject *after_device; /* op_handles._after_device */
+    /* what repeated calls reuse */
+    PyObject *sigs;         /* dict: name -> the Signature last built for it */
+    PyObject *last_op;      /* the op of the last call, and its name */
+    PyObject *last_op_name;
+    long groups_open;       /* grouped calls being built on any thread: only then is `tls` read */
     /* the engine last seen, and what submit reads of it */
     PyObject *engine;
     PyObject *state;
     PyObject *lock;
     PyObject *sets;
     PyObject *put;
+    PyObject *acquire;
+    PyObject *release;
     int on_host;
 } SubmitterObject;
 
@@ -82,7 +89,8 @@ static int Submitter_init(SubmitterObject *self, PyObject *args, PyObject *kwds)
                             &self->tensor_type, &self->strided,     &self->set_type,  &self->dtypes,
                             &self->sig_type,    &self->allreduce,   &self->after_device};
     for (int i = 0; i < 15; i++) Py_XSETREF(*slots[i], Py_NewRef(v[i]));
-    return 0;
+    Py_XSETREF(self->sigs, PyDict_New());
+    return self->sigs == NULL ? -1 : 0;
 }
 
 static void clear_binding(SubmitterObject *self) {
@@ -91,6 +99,8 @@ static void clear_binding(SubmitterObject *self) {
     Py_CLEAR(self->lock);
     Py_CLEAR(self->sets);
     Py_CLEAR(self->put);
+    Py_CLEAR(self->acquire);
+    Py_CLEAR(self->release);
 }
 
 static int Submitter_traverse(SubmitterObject *self, visitproc visit, void *arg) {
@@ -109,11 +119,16 @@ static int Submitter_traverse(SubmitterObject *self, visitproc visit, void *arg)
     Py_VISIT(self->sig_type);
     Py_VISIT(self->allreduce);
     Py_VISIT(self->after_device);
+    Py_VISIT(self->sigs);
+    Py_VISIT(self->last_op);
+    Py_VISIT(self->last_op_name);
     Py_VISIT(self->engine);
     Py_VISIT(self->state);
     Py_VISIT(self->lock);
     Py_VISIT(self->sets);
     Py_VISIT(self->put);
+    Py_VISIT(self->acquire);
+    Py_VISIT(self->release);
     return 0;
 }
 
@@ -133,6 +148,9 @@ static int Submitter_clear(SubmitterObject *self) {
     Py_CLEAR(self->sig_type);
     Py_CLEAR(self->allreduce);
     Py_CLEAR(self->after_device);
+    Py_CLEAR(self->sigs);
+    Py_CLEAR(self->last_op);
+    Py_CLEAR(self->last_op_name);
     clear_binding(self);
     return 0;
 }
@@ -153,7 +171,9 @@ static int bind_engine(SubmitterObject *self, PyObject *engine) {
     self->lock = PyObject_GetAttr(state, s_lock);
     self->sets = self->lock ? PyObject_GetAttr(state, s_sets) : NULL;
     self->put = self->sets ? PyObject_GetAttr(wake, s_put) : NULL;
-    if (self->put == NULL) goto fail;
+    self->acquire = self->put ? PyObject_GetAttr(self->lock, s_acquire) : NULL;
+    self->release = self->acquire ? PyObject_GetAttr(self->lock, s_release) : NULL;
+    if (self->release == NULL) goto fail;
     self->on_host = PyObject_IsTrue(on_host);
     if (self->on_host < 0) goto fail;
     self->state = state;
@@ -179,8 +199,9 @@ static int attr_is(PyObject *obj, PyObject *attr, PyObject *want) {
 }
 
 /* The zero-copy numpy view of a dense contiguous CPU tensor of a plain dtype; Py_NotImplemented (borrowed)
- * for any other tensor; NULL on error. `dtype_name` receives the dtype's name (borrowed). */
-static PyObject *host_view(SubmitterObject *self, PyObject *t, PyObject **dtype_name, PyObject **shape_out) {
+ * for any other tensor; NULL on error. `dtype_name` receives the dtype's name (borrowed), `size_out` the
+ * tensor's torch.Size (a tuple; a new reference, set only when a view is returned). */
+static PyObject *host_view(SubmitterObject *self, PyObject *t, PyObject **dtype_name, PyObject **size_out) {
     int ok = attr_is(t, s_is_cpu, Py_True);
     if (ok == 1) ok = attr_is(t, s_layout, self->strided);
     if (ok == 1) ok = attr_is(t, s_requires_grad, Py_False);
@@ -199,15 +220,12 @@ static PyObject *host_view(SubmitterObject *self, PyObject *t, PyObject **dtype_
     int typenum = (int)PyLong_AsLong(PyTuple_GET_ITEM(entry, 1));
     PyObject *size = PyObject_GetAttr(t, s_shape);
     if (size == NULL) return NULL;
-    PyObject *shape = PySequence_Tuple(size);
-    Py_DECREF(size);
-    if (shape == NULL) return NULL;
-    Py_ssize_t nd = PyTuple_GET_SIZE(shape);
+    Py_ssize_t nd = PyTuple_Check(size) ? PyTuple_GET_SIZE(size) : NPY_MAXDIMS + 1;
     npy_intp dims[NPY_MAXDIMS];
     npy_intp count = 1;
     if (nd > NPY_MAXDIMS) goto other;
     for (Py_ssize_t i = 0; i < nd; i++) {
-        dims[i] = (npy_intp)PyLong_AsSsize_t(PyTuple_GET_ITEM(shape, i));
+        dims[i] = (npy_intp)PyLong_AsSsize_t(PyTuple_GET_ITEM(size, i));
         if (dims[i] < 0) goto other_or_error;
         count *= dims[i];
     }
@@ -224,15 +242,15 @@ static PyObject *host_view(SubmitterObject *self, PyObject *t, PyObject **dtype_
         goto error;
     }
     *dtype_name = PyTuple_GET_ITEM(entry, 0);
-    *shape_out = shape;
+    *size_out = size;
     return arr;
 other_or_error:
     if (PyErr_Occurred()) goto error;
 other:
-    Py_DECREF(shape);
+    Py_DECREF(size);
     return Py_NotImplemented;
 error:
-    Py_DECREF(shape);
+    Py_DECREF(size);
     return NULL;
 }
 
@@ -252,9 +270,39 @@ static PyObject *new_signature(SubmitterObject *self, PyObject *name, PyObject *
     return sig;
 }
 
+/* 1 when the factor `given` (a float) equals the signature's `held`, else 0. */
+static int same_factor(PyObject *held, PyObject *given) {
+    return PyFloat_CheckExact(held) && PyFloat_AS_DOUBLE(held) == PyFloat_AS_DOUBLE(given);
+}
+
+/* The signature of this call (a new reference), or NULL on error. A training loop submits the same names
+ * with the same tensors step after step: the signature last built for `name` is reused when every field
+ * agrees, which spares building the full name (and hashing it again for the in-flight table) and the tuple. */
+static PyObject *signature_for(SubmitterObject *self, PyObject *name, PyObject *dtype, PyObject *size,
+                               PyObject *op_name, PyObject *pre, PyObject *post) {
+    PyObject *sig = PyDict_GetItemWithError(self->sigs, name); /* borrowed */
+    if (sig != NULL && PyTuple_GET_ITEM(sig, 2) == dtype && PyTuple_GET_ITEM(sig, 4) == op_name &&
+        same_factor(PyTuple_GET_ITEM(sig, 6), pre) && same_factor(PyTuple_GET_ITEM(sig, 7), post)) {
+        int same = PyObject_RichCompareBool(PyTuple_GET_ITEM(sig, 3), size, Py_EQ);
+        if (same < 0) return NULL;
+        if (same) return Py_NewRef(sig);
+    }
+    if (PyErr_Occurred()) return NULL;
+    PyObject *shape = PySequence_Tuple(size);
+    PyObject *full = shape ? PyUnicode_Concat(s_prefix, name) : NULL;
+    sig = full ? new_signature(self, full, dtype, shape, op_name, pre, post) : NULL;
+    Py_XDECREF(shape);
+    Py_XDECREF(full);
+    if (sig == NULL) return NULL;
+    /* bounded: a loop that invents a name per call must not grow it without end */
+    if (PyDict_GET_SIZE(self->sigs) >= 4096) PyDict_Clear(self->sigs);
+    if (PyDict_SetItem(self->sigs, name, sig) < 0) Py_CLEAR(sig);
+    return sig;
+}
+
 /* Engine.submit under the engine's lock: 1 queued, 0 not handled here (nothing changed), -1 error. */
 static int queue_request(SubmitterObject *self, PyObject *set_id, PyObject *name, PyObject *req) {
-    PyObject *got = PyObject_CallMethodNoArgs(self->lock, s_acquire);
+    PyObject *got = PyObject_CallNoArgs(self->acquire);
     if (got == NULL) return -1;
     Py_DECREF(got);
     int rc = 0;
@@ -296,7 +344,7 @@ out:
     Py_XDECREF(incoming);
     PyObject *type, *value, *trace;
     PyErr_Fetch(&type, &value, &trace);
-    PyObject *released = PyObject_CallMethodNoArgs(self->lock, s_release);
+    PyObject *released = PyObject_CallNoArgs(self->release);
     Py_XDECREF(released);
     if (type != NULL) {
         PyErr_Restore(type, value, trace);
@@ -318,15 +366,18 @@ static int wake_engine(SubmitterObject *self) {
 }
 
 /* The checks on the arguments that need no tensor: the op's name, or NULL (borrowed; NULL without error:
- * not handled here). */
+ * not handled here). The last op and its name are kept: a loop passes the same op call after call. */
 static PyObject *plain_op(SubmitterObject *self, PyObject *op, PyObject *average, PyObject *pre, PyObject *post) {
     if (average != Py_None || !PyFloat_CheckExact(pre) || !PyFloat_CheckExact(post)) return NULL;
     if (op == Py_None) op = self->average_op;
+    if (op == self->last_op) return self->last_op_name;
     PyObject *key = PyLong_FromVoidPtr(op);
     if (key == NULL) return NULL;
     PyObject *op_name = PyDict_GetItemWithError(self->op_names, key);
     Py_DECREF(key);
     if (op_name == NULL || PyUnicode_Compare(op_name, self->adasum_name) == 0) return NULL;
+    Py_XSETREF(self->last_op, Py_NewRef(op));
+    Py_XSETREF(self->last_op_name, Py_NewRef(op_name));
     return op_name;
 }
 
@@ -358,41 +409,42 @@ static PyObject *Submitter_allreduce(SubmitterObject *self, PyObject *const *arg
     if (op_name == NULL) return PyErr_Occurred() ? NULL : NOT_HANDLED();
     int have = current_engine(self);
     if (have != 1) return have < 0 ? NULL : NOT_HANDLED();
-    PyObject *batch = PyObject_GetAttr(self->tls, s_batch);
-    if (batch == NULL) return NULL;
-    Py_DECREF(batch);
-    if (batch != Py_None) return NOT_HANDLED();
+    if (self->groups_open > 0) { /* a grouped call is being built somewhere: is it on this thread? */
+        PyObject *batch = PyObject_GetAttr(self->tls, s_batch);
+        if (batch == NULL) return NULL;
+        Py_DECREF(batch);
+        if (batch != Py_None) return NOT_HANDLED();
+    }
     PyObject *set_id = PyObject_GetAttr(ps, s_set_id);
     if (set_id == NULL) return NULL;
-    PyObject *result = NULL, *data = NULL, *out = NULL, *shape = NULL, *full = NULL, *sig = NULL;
-    PyObject *req = NULL, *hid = NULL, *pending = NULL, *handles = NULL, *dtype = NULL, *oshape = NULL;
+    PyObject *result = NULL, *data = NULL, *out = NULL, *size = NULL, *osize = NULL, *sig = NULL;
+    PyObject *req = NULL, *hid = NULL, *pending = NULL, *handles = NULL, *dtype = NULL;
     HandleObject *handle = NULL;
     if (!PyLong_CheckExact(set_id)) goto not_handled;
-    data = host_view(self, tensor, &dtype, &shape);
+    data = host_view(self, tensor, &dtype, &size);
     if (data == Py_NotImplemented) data = NULL;
     if (data == NULL) goto other;
     if (output == tensor) {
         out = Py_NewRef(data);
     } else {
         PyObject *odtype = NULL;
-        out = host_view(self, output, &odtype, &oshape);
+        out = host_view(self, output, &odtype, &osize);
         if (out == Py_NotImplemented) out = NULL;
         if (out == NULL) goto other;
-        int same = PyObject_RichCompareBool(shape, oshape, Py_EQ);
+        int same = PyObject_RichCompareBool(size, osize, Py_EQ);
         if (same != 1 || odtype != dtype) goto other;
     }
-    full = PyUnicode_Concat(s_prefix, name);
-    sig = full ? new_signature(self, full, dtype, shape, op_name, args[5], args[6]) : NULL;
-    handle = sig ? core_handle_new(full) : NULL;
+    sig = signature_for(self, name, dtype, size, op_name, args[5], args[6]);
+    PyObject *full = sig ? PyTuple_GET_ITEM(sig, 0) : NULL; /* borrowed */
+    handle = full ? core_handle_new(full) : NULL;
     req = handle ? (PyObject *)core_request_new(sig, set_id, data, out, handle) : NULL;
     if (req == NULL) goto done;
     int queued = queue_request(self, set_id, full, req);
     if (queued != 1) goto other;
     if (wake_engine(self) < 0) goto done;
     hid = PyIter_Next(self->handle_ids);
-    handles = hid ? PyList_New(1) : NULL;
+    handles = hid ? PyTuple_Pack(1, (PyObject *)handle) : NULL;
     if (handles == NULL) goto done;
-    PyList_SET_ITEM(handles, 0, Py_NewRef((PyObject *)handle));
     PyObject_GC_UnTrack(handles); /* only the Pending refers to it */
     pending = (PyObject *)core_pending_new(handles, Py_None, output);
     if (pending == NULL || PyDict_SetItem(self->handle_map, hid, pending) < 0) goto done;
@@ -406,9 +458,8 @@ done:
     Py_XDECREF(set_id);
     Py_XDECREF(data);
     Py_XDECREF(out);
-    Py_XDECREF(shape);
-    Py_XDECREF(oshape);
-    Py_XDECREF(full);
+    Py_XDECREF(size);
+    Py_XDECREF(osize);
     Py_XDECREF(sig);
     Py_XDECREF((PyObject *)handle);
     Py_XDECREF(req);
@@ -416,6 +467,19 @@ done:
     Py_XDECREF(handles);
     Py_XDECREF(pending);
     return result;
+}
+
+/* group(delta): a grouped call on some thread starts (+1) or ends (-1); while none is open, submit does not
+ * read the thread-local batch (a threading.local lookup costs more than the rest of the checks together). */
+static PyObject *Submitter_group(SubmitterObject *self, PyObject *delta) {
+    long d = PyLong_AsLong(delta);
+    if (d == -1 && PyErr_Occurred()) return NULL;
+    if (self->groups_open + d < 0) {
+        PyErr_SetString(PyExc_ValueError, "group(): more grouped calls ended than started");
+        return NULL;
+    }
+    self->groups_open += d;
+    Py_RETURN_NONE;
 }
 
 /* synchronize(handle): the op's result; its error raised; None for an unknown handle (Horovod's). */
@@ -471,9 +535,17 @@ done:
     return result;
 }
 
+static PyMemberDef Submitter_members[] = {
+    {"groups_open", T_LONG, offsetof(SubmitterObject, groups_open), READONLY,
+     "Grouped calls being built on any thread."},
+    {NULL, 0, 0, 0, NULL},
+};
+
 static PyMethodDef Submitter_methods[] = {
     {"allreduce", (PyCFunction)(void (*)(void))Submitter_allreduce, METH_FASTCALL,
      "Submit a host allreduce; the handle, or NotImplemented when the Python path must take it."},
+    {"group", (PyCFunction)Submitter_group, METH_O,
+     "A grouped call starts (1) or ends (-1) on some thread: submit reads the thread's batch only while one is open."},
     {"synchronize", (PyCFunction)Submitter_synchronize, METH_O,
      "Wait for a handle (the GIL released) and return its result; NotImplemented for a non-int handle."},
     {NULL, NULL, 0, NULL},
@@ -488,6 +560,7 @@ PyTypeObject CoreSubmitter_Type = {
     .tp_clear = (inquiry)Submitter_clear,
     .tp_dealloc = (destructor)Submitter_dealloc,
     .tp_methods = Submitter_methods,
+    .tp_members = Submitter_members,
     .tp_init = (initproc)Submitter_init,
     .tp_new = PyType_GenericNew,
 };
