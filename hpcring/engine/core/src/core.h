@@ -39,6 +39,16 @@ extern PyTypeObject CoreRequest_Type;
 extern PyTypeObject CorePending_Type;
 extern PyTypeObject CoreSubmitter_Type;
 
+/* 1 when attribute `attr` of `obj` is `want`, 0 when not, -1 with an error set: the engine's flags are
+ * singletons (True, False, None, an enum member), so identity is the check. */
+static inline int core_attr_is(PyObject *obj, PyObject *attr, PyObject *want) {
+    PyObject *v = PyObject_GetAttr(obj, attr);
+    if (v == NULL) return -1;
+    int same = v == want;
+    Py_DECREF(v);
+    return same;
+}
+
 int core_handle_init_sync(void);
 long long core_now_ns(void); /* CLOCK_MONOTONIC, in ns */
 double core_monotonic(void);  /* the same in seconds, as time.monotonic() */

@@ -423,7 +423,7 @@ static int cycles_until(LoneObject *self, PyObject *handle) {
         }
         if (lone_handle_done(handle)) return 0;
         if (lone_call_lock(self->state_lock, s_acquire) < 0) return -1;
-        int closed = lone_attr_is(self->state, s_closed, Py_True);
+        int closed = core_attr_is(self->state, s_closed, Py_True);
         if (lone_release_keep(self->state_lock) < 0 || closed < 0) return -1;
         if (closed) return 0;
         PyObject *settings = ATTR(self->state, s_settings);
@@ -455,7 +455,7 @@ static PyObject *Lone_run_inline(LoneObject *self, PyObject *const *args, Py_ssi
     if (Py_TYPE(handle) != &CoreHandle_Type) /* not the core's: the Python twin knows what to do */
         return PyObject_CallMethodObjArgs(self->callers, s_run_inline, handle, deferred ? Py_True : Py_False, NULL);
     if (lone_handle_done(handle)) Py_RETURN_NONE;
-    int rc = lone_attr_is(self->state, s_timeline, Py_None);
+    int rc = core_attr_is(self->state, s_timeline, Py_None);
     if (rc == 1) {
         Py_ssize_t inflight = lone_in_flight(self);
         rc = inflight < 0 ? -1 : inflight == 1;
@@ -472,8 +472,8 @@ static PyObject *Lone_run_inline(LoneObject *self, PyObject *const *args, Py_ssi
         Py_RETURN_NONE;
     }
     int failed = lone_call_lock(self->state_lock, s_acquire);
-    int allowed = failed < 0 ? -1 : lone_attr_is(self->state, s_closed, Py_False);
-    if (allowed == 1) allowed = lone_attr_is(self->callers, s_end, Py_None);
+    int allowed = failed < 0 ? -1 : core_attr_is(self->state, s_closed, Py_False);
+    if (allowed == 1) allowed = core_attr_is(self->callers, s_end, Py_None);
     if (allowed == 1) allowed = lone_waiter_alone(self, handle);
     if (failed == 0 && lone_release_keep(self->state_lock) < 0) allowed = -1;
     if (allowed == 1) allowed = lone_bump(self->stats, s_inline) < 0 ? -1 : 1;
@@ -483,7 +483,7 @@ static PyObject *Lone_run_inline(LoneObject *self, PyObject *const *args, Py_ssi
     /* what is left (another thread's request, a stop) is the engine thread's */
     if (lone_call_lock(self->state_lock, s_acquire) < 0) return NULL;
     Py_ssize_t inflight = lone_in_flight(self);
-    int ended = inflight < 0 ? -1 : lone_attr_is(self->callers, s_end, Py_None);
+    int ended = inflight < 0 ? -1 : core_attr_is(self->callers, s_end, Py_None);
     int left = ended < 0 ? -1 : inflight > 0 || !ended;
     if (lone_release_keep(self->state_lock) < 0 || left < 0) return NULL;
     if (left) {

@@ -52,7 +52,6 @@ int lone_numpy_init(void); /* lone.c: numpy's C API for that file */
 #define ATTR(obj, name) PyObject_GetAttr((obj), (name))
 
 /* lone_check.c: attribute and lock helpers (each 0/1 or a value, -1 with an error set) */
-int lone_attr_is(PyObject *obj, PyObject *name, PyObject *want);
 Py_ssize_t lone_attr_len(PyObject *obj, PyObject *name);
 int lone_attr_double(PyObject *obj, PyObject *name, double *out);
 int lone_set_double(PyObject *obj, PyObject *name, double value);

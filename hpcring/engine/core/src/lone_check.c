@@ -45,15 +45,6 @@ int core_lone_init(void) {
 /* ------------------------------------------------------------------------------------- small helpers */
 
 
-/* 1 when attribute `name` of `obj` is `want`, 0 when not, -1 on error. */
-int lone_attr_is(PyObject *obj, PyObject *name, PyObject *want) {
-    PyObject *v = ATTR(obj, name);
-    if (v == NULL) return -1;
-    int same = v == want;
-    Py_DECREF(v);
-    return same;
-}
-
 /* The length of container attribute `name` of `obj`, or -1 with an error. */
 Py_ssize_t lone_attr_len(PyObject *obj, PyObject *name) {
     PyObject *v = ATTR(obj, name);
@@ -253,15 +244,15 @@ static int plain_arrays(LoneObject *self, Plain *p) {
 /* The set's state allows a plain cycle: one set, no timeline, nothing but this request; 1 yes (p->st set). */
 static int plain_set(LoneObject *self, Plain *p) {
     if (PyDict_GET_SIZE(self->sets) != 1) return 0;
-    int none = lone_attr_is(self->state, s_timeline, Py_None);
-    int open = none == 1 ? lone_attr_is(self->state, s_closed, Py_False) : none;
+    int none = core_attr_is(self->state, s_timeline, Py_None);
+    int open = none == 1 ? core_attr_is(self->state, s_closed, Py_False) : none;
     if (open != 1) return open;
     Py_ssize_t pos = 0;
     PyObject *key, *st;
     PyDict_Next(self->sets, &pos, &key, &st);
-    int ok = lone_attr_is(st, s_abort, Py_False);
-    if (ok == 1) ok = lone_attr_is(st, s_overdue, Py_False);
-    if (ok == 1) ok = lone_attr_is(st, s_local_join, Py_None);
+    int ok = core_attr_is(st, s_abort, Py_False);
+    if (ok == 1) ok = core_attr_is(st, s_overdue, Py_False);
+    if (ok == 1) ok = core_attr_is(st, s_local_join, Py_None);
     Py_ssize_t busy = 0, n;
     PyObject *names[] = {s_joined, s_outbox, s_table};
     for (int i = 0; ok == 1 && i < 3; i++) {

@@ -189,22 +189,13 @@ fail:
     return -1;
 }
 
-/* 1 when attribute `attr` of `obj` is `want`, 0 when not, -1 on error. */
-static int attr_is(PyObject *obj, PyObject *attr, PyObject *want) {
-    PyObject *v = PyObject_GetAttr(obj, attr);
-    if (v == NULL) return -1;
-    int same = v == want;
-    Py_DECREF(v);
-    return same;
-}
-
 /* The zero-copy numpy view of a dense contiguous CPU tensor of a plain dtype; Py_NotImplemented (borrowed)
  * for any other tensor; NULL on error. `dtype_name` receives the dtype's name (borrowed), `size_out` the
  * tensor's torch.Size (a tuple; a new reference, set only when a view is returned). */
 static PyObject *host_view(SubmitterObject *self, PyObject *t, PyObject **dtype_name, PyObject **size_out) {
-    int ok = attr_is(t, s_is_cpu, Py_True);
-    if (ok == 1) ok = attr_is(t, s_layout, self->strided);
-    if (ok == 1) ok = attr_is(t, s_requires_grad, Py_False);
+    int ok = core_attr_is(t, s_is_cpu, Py_True);
+    if (ok == 1) ok = core_attr_is(t, s_layout, self->strided);
+    if (ok == 1) ok = core_attr_is(t, s_requires_grad, Py_False);
     if (ok == 1) {
         PyObject *c = PyObject_CallMethodNoArgs(t, s_is_contiguous);
         if (c == NULL) return NULL;
@@ -307,8 +298,8 @@ static int queue_request(SubmitterObject *self, PyObject *set_id, PyObject *name
     Py_DECREF(got);
     int rc = 0;
     PyObject *st = NULL, *inflight = NULL, *incoming = NULL;
-    int closed = attr_is(self->state, s_closed, Py_False);
-    int running = closed == 1 ? attr_is(self->engine, s_stopped, Py_False) : closed;
+    int closed = core_attr_is(self->state, s_closed, Py_False);
+    int running = closed == 1 ? core_attr_is(self->engine, s_stopped, Py_False) : closed;
     if (running != 1) {
         rc = running < 0 ? -1 : 0;
         goto out;
