@@ -9,11 +9,17 @@ totals (`callgrind_annotate FILE | grep 'PROGRAM TOTALS'`) by the difference of 
 and what is left is the instructions per tensor or per call, which the machine's load does not change.
 Only the public API is used, so `HPCRING_PURE_PYTHON=1` or `PYTHONPATH` pointing at another checkout counts
 the other path in the same way (docs/dev/bench-engine.md, "The compiled core").
+
+The submit alone: `--collector-off` and valgrind's `--toggle-collect=Submitter_allreduce` count only inside
+the core's one-call submit, so the total divided by steps x 256 is its instructions per call. The cyclic
+collector is off because its collections follow every thread's allocations and would be charged to whichever
+call crossed the threshold (bench-engine.md, "The submit, trimmed").
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 
 import torch
 
@@ -27,8 +33,12 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     p.add_argument("steps", type=int, help="steps of 256 allreduce_async_ + synchronize")
     p.add_argument("calls", type=int, help="4-byte synchronous allreduce_ calls")
+    p.add_argument("--collector-off", action="store_true", help="gc.disable() after start-up")
     args = p.parse_args()
     hvd.init()
+    if args.collector_off:
+        gc.collect()
+        gc.disable()
     tensors = [torch.zeros(ELEMENTS) for _ in range(TENSORS)]
     names = [f"many.{i}" for i in range(TENSORS)]
     for _ in range(args.steps):
