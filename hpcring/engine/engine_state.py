@@ -5,9 +5,8 @@ nothing else of the engine's, so a part can be read, tested and type-checked on 
 
 from __future__ import annotations
 
-import threading
-
 from hpcring.config import EngineSettings
+from hpcring.engine.core import Lock
 from hpcring.engine.set_state import SetState
 from hpcring.engine.timeline import Timeline
 
@@ -20,7 +19,7 @@ class EngineState:
 
     def __init__(self, settings: EngineSettings) -> None:
         self.settings = settings
-        self.lock = threading.Lock()
+        self.lock = Lock()  # the core's: its submit takes it in C
         self.sets: dict[int, SetState] = {}  # the sets this rank is a member of, by id
         self.closed = False  # shutdown requested on this rank (propagates in the next cycle)
         self.timeline: Timeline | None = None

@@ -16,7 +16,7 @@ import numpy as np
 
 from hpcring import _deps
 from hpcring.engine import OpType, ProcessSet, Signature, core
-from hpcring.engine.caller_cycles import _defer
+from hpcring.engine.caller_cycles import _defer, _deferring
 from hpcring.torch import basics, op_handles
 from hpcring.torch.op_handles import _OP_NAMES, ADASUM, Average, _after_device, _handle_map, _tls
 from hpcring.torch.tensors import PLAIN_DTYPES
@@ -31,23 +31,31 @@ def _host_dtypes() -> dict[Any, tuple[str, int]]:
     return {t: (name, np.dtype(name).num) for t, name in PLAIN_DTYPES.items()}
 
 
-SUBMITTER: Any = core.submitter(
-    basics=basics,
-    tls=_tls,
-    defer=_defer,
-    handle_map=_handle_map,
-    handle_ids=op_handles._handle_ids,
-    op_names=_OP_NAMES,
-    average_op=Average,
-    adasum_name=ADASUM,
-    tensor_type=torch.Tensor,
-    strided=torch.strided,
-    set_type=ProcessSet,
-    dtypes=_host_dtypes(),
-    sig_type=Signature,
-    allreduce=OpType.ALLREDUCE,
-    after_device=_after_device,
-)
+def build_submitter(use_reader: bool = True) -> Any:
+    """The core's Submitter over this package's objects (None on the pure-Python path); `use_reader=False`
+    reads tensors through torch's Python attributes even where the torch reader loads (the tests)."""
+    return core.submitter(
+        use_reader=use_reader,
+        basics=basics,
+        tls=_tls,
+        defer=_defer,
+        deferring=_deferring,
+        handle_map=_handle_map,
+        handle_ids=op_handles._handle_ids,
+        op_names=_OP_NAMES,
+        average_op=Average,
+        adasum_name=ADASUM,
+        tensor_type=torch.Tensor,
+        strided=torch.strided,
+        set_type=ProcessSet,
+        dtypes=_host_dtypes(),
+        sig_type=Signature,
+        allreduce=OpType.ALLREDUCE,
+        after_device=_after_device,
+    )
+
+
+SUBMITTER: Any = build_submitter()
 if SUBMITTER is not None:  # every synchronize of an int handle (the public one, wait_now's) waits in C
     op_handles._core_synchronize = SUBMITTER.synchronize
     op_handles._core_group = SUBMITTER.group

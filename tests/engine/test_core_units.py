@@ -224,3 +224,60 @@ def test_the_lone_cycles_size_limit_is_where_auto_stops_picking_mpis_own(
     assert 0 < limit <= INLINE_MAX_BYTES
     assert all(picked(n) == "native" for n in (1, limit // 2, limit))
     assert limit == INLINE_MAX_BYTES or picked(limit + 1) != "native"
+
+
+def test_the_engine_lock_behaves_as_threading_lock(impl: ModuleType) -> None:
+    """The compiled core's Lock keeps threading.Lock's interface and rules (the Python path's is one)."""
+    lock = impl.Lock() if impl is compiled else fallback.Lock()
+    assert not lock.locked()
+    assert lock.acquire() is True and lock.locked()
+    assert lock.acquire(blocking=False) is False
+    start = time.monotonic()
+    assert lock.acquire(timeout=0.05) is False
+    assert time.monotonic() - start >= 0.04
+    lock.release()
+    with lock:
+        assert lock.locked()
+    assert not lock.locked()
+    with pytest.raises(RuntimeError, match="release unlocked lock"):
+        lock.release()
+    with pytest.raises(ValueError, match="can't specify a timeout for a non-blocking call"):
+        lock.acquire(False, 1)
+    with pytest.raises(ValueError, match="timeout value must be"):
+        lock.acquire(timeout=-2)
+
+
+def test_a_thread_waiting_for_the_engine_lock_lets_the_others_run(impl: ModuleType) -> None:
+    """A wait releases the GIL: the holder runs Python while the waiter waits, and the waiter gets the lock
+    once it is released."""
+    lock = impl.Lock() if impl is compiled else fallback.Lock()
+    lock.acquire()
+    got: list[float] = []
+    waiter = threading.Thread(target=lambda: (lock.acquire(), got.append(time.monotonic()), lock.release()))
+    waiter.start()
+    spins = 0
+    deadline = time.monotonic() + 0.2
+    while time.monotonic() < deadline:  # Python work on this thread while the waiter blocks
+        spins += 1
+    released_at = time.monotonic()
+    lock.release()
+    waiter.join(timeout=10)
+    assert not waiter.is_alive() and got and got[0] >= released_at and spins > 1000
+
+
+def test_ctrl_c_reaches_a_thread_waiting_for_the_engine_lock() -> None:
+    """A signal interrupts the wait and its handler runs (KeyboardInterrupt), as with threading.Lock."""
+    if compiled is None:
+        pytest.skip("the compiled core is not built in this environment")
+    code = (
+        "import os, signal, threading\n"
+        "from hpcring.engine.core import _core\n"
+        "lock = _core.Lock(); lock.acquire()\n"
+        "threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT)).start()\n"
+        "try:\n"
+        "    lock.acquire()\n"
+        "except KeyboardInterrupt:\n"
+        "    print('interrupted', lock.locked())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "interrupted True", out.stderr

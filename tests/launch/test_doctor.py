@@ -46,6 +46,20 @@ def test_full_environment() -> None:
     assert report["missing"] == []
 
 
+def test_the_torch_reader_is_reported_and_a_missing_one_with_the_fix() -> None:
+    """Here make setup built the torch reader (`tensors:` says so); where it cannot load, the submit reads
+    tensors through torch's attributes and the reader is listed as missing with the line that builds it."""
+    rc, out, err = doctor()
+    assert rc == 0, err
+    assert "tensors:  read through torch's C++ API (the torch reader, built against torch 2.13.0" in out
+    rc, out, err = doctor("--json", block=("hpcring.engine.core._torch_reader",))
+    assert rc == 0, err
+    report = as_json(out)
+    assert report["core"]["reader"].startswith("torch's Python attributes (")
+    [missing] = report["missing"]
+    assert missing["what"].startswith("hpcring's torch reader") and "--no-build-isolation" in missing["fix"]
+
+
 def test_missing_mpi4py_and_torch_are_reported_with_the_fix() -> None:
     rc, out, err = doctor(block=("mpi4py", "torch"))
     assert rc == 0, err

@@ -1,10 +1,12 @@
 """The boundary of the request path's core: the compiled extension, or its pure-Python twin.
 
 Everything the engine and `hpcring.torch` do per request and per handle goes through the names exported
-here: `Handle`, `Request`, `Pending`, `complete` (completion), `wait_polled` (the negotiation's wait on
-MPI) and `submitter` (hpcring.torch's one-call submit and synchronize). `_core` (C, `src/`) is used when
-it was built and loads; `fallback` (Python, same behaviour) when it was not, or when HPCRING_PURE_PYTHON=1
-asks for it. `describe()` says which, for `hpcring doctor`. docs/dev/engine.md, "The compiled core".
+here: `Handle`, `Request`, `Pending`, `Lock` (the engine lock), `complete` (completion), `wait_polled` (the
+negotiation's wait on MPI) and `submitter` (hpcring.torch's one-call submit and synchronize). `_core` (C,
+`src/`) is used when it was built and loads; `fallback` (Python, same behaviour) when it was not, or when
+HPCRING_PURE_PYTHON=1 asks for it. `describe()` says which, for `hpcring doctor`. The torch reader
+(`_torch_reader`, C++, built against the installed torch) serves `_core`'s submit where it loads
+(`reader_status()`). docs/dev/engine.md, "The compiled core" and "The torch reader".
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from hpcring.engine.core import fallback
 from hpcring.engine.core.fallback import drain
 
 PURE_PYTHON_VAR = "HPCRING_PURE_PYTHON"
+TORCH_READER_VAR = "HPCRING_TORCH_READER"
 
 _impl: Any = fallback
 _why = ""
@@ -30,15 +33,17 @@ else:
         _why = f"the compiled core is not available: {exc}"
 
 if TYPE_CHECKING:
-    from hpcring.engine.core.fallback import Handle, Pending, Request, complete
+    from hpcring.engine.core.fallback import Handle, Lock, Pending, Request, complete
 else:
     Handle = _impl.Handle
     Request = _impl.Request
     Pending = _impl.Pending
+    Lock = _impl.Lock
     complete = _impl.complete
 
 __all__ = [
     "Handle",
+    "Lock",
     "Pending",
     "Request",
     "complete",
@@ -47,6 +52,8 @@ __all__ = [
     "forced",
     "kind",
     "lone_cycle",
+    "reader_status",
+    "reader_turned_off",
     "submitter",
     "wait_polled",
 ]
@@ -69,11 +76,55 @@ def describe() -> str:
     return f"compiled ({os.path.basename(str(_impl.__file__))})"
 
 
-def submitter(**config: Any) -> Any:
-    """hpcring.torch's one-call submit and synchronize (`_core.Submitter`), or None on the Python path."""
+def reader_status() -> tuple[bool, str]:
+    """For `hpcring doctor`: whether the compiled submit reads tensors through the torch reader, and a line
+    saying how it reads them (and why not the reader, with how to build it)."""
+    if _impl is fallback:
+        return False, "torch's Python API (the pure-Python path)"
+    reader, why = _load_reader()
+    if reader is not None:
+        return True, f"torch's C++ API (the torch reader, built against torch {reader.TORCH_VERSION})"
+    return False, f"torch's Python attributes ({why})"
+
+
+def reader_turned_off() -> bool:
+    """True when HPCRING_TORCH_READER=0 turned the torch reader off."""
+    value = os.environ.get(TORCH_READER_VAR)
+    return value is not None and not parse_bool(TORCH_READER_VAR, value)
+
+
+def _load_reader() -> tuple[Any, str]:
+    """The torch reader's module, or None and why not. It loads only under the torch it was built against
+    (it checks before touching torch); HPCRING_TORCH_READER=0 turns it off (the paired benchmarks)."""
+    if reader_turned_off():
+        return None, f"{TORCH_READER_VAR}=0"
+    try:
+        from hpcring.engine.core import _torch_reader as reader
+    except ImportError as exc:
+        why = str(exc)
+        if "No module named" in why:  # not built: the install had no torch to build against
+            why = "not built: pip install --no-build-isolation hpcring, with torch installed first"
+        return None, why
+    return reader, ""
+
+
+def submitter(*, dtypes: dict[Any, tuple[str, int]], use_reader: bool = True, **config: Any) -> Any:
+    """hpcring.torch's one-call submit and synchronize (`_core.Submitter`), or None on the Python path.
+    `dtypes` maps each torch dtype the core views to its (name, numpy type number); the torch reader, where
+    it loads (and `use_reader`), reads a tensor's dtype as c10's number, mapped through the same table."""
     if _impl is fallback:
         return None
-    return _impl.Submitter(**config)
+    reader = _load_reader()[0] if use_reader else None
+    scalar_types: tuple[Any, ...] = ()
+    if reader is not None:
+        numbers = {reader.scalar_type_of(dtype): entry for dtype, entry in dtypes.items()}
+        scalar_types = tuple(numbers.get(i) for i in range(max(numbers, default=-1) + 1))
+    return _impl.Submitter(
+        dtypes=dtypes,
+        reader=reader.READ_TENSOR if reader is not None else None,
+        scalar_types=scalar_types,
+        **config,
+    )
 
 
 _mpi_addressof: Any = None  # mpi4py's MPI._addressof once MPI_Test is bound; False where it cannot be

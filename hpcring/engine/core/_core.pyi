@@ -43,6 +43,13 @@ class Pending:
     ) -> None: ...
     def result(self, results: list[Any]) -> Any: ...
 
+class Lock:
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool: ...
+    def release(self) -> None: ...
+    def locked(self) -> bool: ...
+    def __enter__(self) -> bool: ...
+    def __exit__(self, *args: object) -> None: ...
+
 class Submitter:
     groups_open: int
     def __init__(
@@ -51,6 +58,7 @@ class Submitter:
         basics: Any,
         tls: Any,
         defer: Any,
+        deferring: list[None],
         handle_map: dict[int, Pending],
         handle_ids: Any,
         op_names: dict[int, str],
@@ -63,6 +71,8 @@ class Submitter:
         sig_type: type,
         allreduce: Any,
         after_device: Callable[[list[Handle]], None],
+        reader: Any,
+        scalar_types: tuple[tuple[str, int] | None, ...],
     ) -> None: ...
     def allreduce(
         self,

@@ -189,3 +189,7 @@ class Pending:
         if self.finish is None:
             return self.keep
         return self.finish(results)
+
+
+# The engine lock. The compiled core's Lock has the same interface and is taken in C by its submit.
+Lock = threading.Lock

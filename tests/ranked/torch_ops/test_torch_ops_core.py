@@ -225,3 +225,40 @@ def test_in_flight_requests_stay_out_of_the_collector_and_nothing_is_left(hvd: M
     gc.collect()
     assert len(gc.get_objects()) - before < 50, "objects left behind by 20 steps of 16 requests"
     assert all(t.tolist() == [float(n**21)] * 32 for t in tensors)
+
+
+def test_both_ways_of_reading_a_tensor_take_and_decline_the_same(hvd: ModuleType) -> None:
+    """The submit reads a tensor through the torch reader where it loads, and through torch's Python
+    attributes otherwise (not built, HPCRING_TORCH_READER=0): both take the same tensors, in place and out of
+    place, reduce them alike, and leave the same ones to the Python path."""
+    from hpcring.torch import one_call
+
+    n, r = hvd.size(), hvd.rank()
+    getters = one_call.build_submitter(use_reader=False)
+    if getters is None:
+        pytest.skip("the pure-Python path has no one-call submit")
+    ps = hvd.global_process_set
+    for way, sub in (("reader", one_call.SUBMITTER), ("getters", getters)):
+        cases: list[tuple[torch.dtype, tuple[int, ...]]] = [
+            (torch.float32, (5,)),
+            (torch.int64, (2, 3)),
+            (torch.float16, ()),
+        ]
+        for i, (dtype, shape) in enumerate(cases):
+            x = torch.full(shape, r + 1, dtype=dtype)
+            out = torch.empty_like(x)
+            handle = sub.allreduce(x, out, f"core.{way}.{i}", hvd.Sum, None, 1.0, 1.0, ps)
+            assert type(handle) is int and hvd.synchronize(handle) is out
+            assert out.tolist() == torch.full(shape, n * (n + 1) // 2, dtype=dtype).tolist()
+            assert x.tolist() == torch.full(shape, r + 1, dtype=dtype).tolist()
+        declined = [
+            torch.ones(4, 6).t(),
+            torch.ones(3, requires_grad=True),
+            torch.empty(0),
+            torch.ones(2, dtype=torch.bool),
+            torch.ones(2, dtype=torch.bfloat16),
+        ]
+        for x in declined:
+            assert sub.allreduce(x, x, f"core.{way}.no", hvd.Sum, None, 1.0, 1.0, ps) is NotImplemented
+        x, wrong = torch.ones(4), torch.empty(5)  # an output of another shape: the Python path words it
+        assert sub.allreduce(x, wrong, f"core.{way}.out", hvd.Sum, None, 1.0, 1.0, ps) is NotImplemented

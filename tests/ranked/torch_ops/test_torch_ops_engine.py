@@ -293,5 +293,8 @@ def test_process_sets_from_a_split_communicator(hvd: ModuleType) -> None:
         assert y.item() == float(sum(split.ranks))
         with pytest.raises(NotImplementedError, match="communicator"):
             hvd.add_process_set(hvd.ProcessSet(sub))
+        # The two halves finish apart: a rank that ended the test first and shut hpcring down (the next test's
+        # fixture, or the end of the session) would stop the other half's engine before its set's op ran.
+        hvd.barrier()
     finally:
         sub.Free()

@@ -34,6 +34,9 @@ typedef struct {
     PyObject *keep;
 } PendingObject;
 
+typedef struct CoreLockObject CoreLockObject; /* lock.c */
+
+extern PyTypeObject CoreLock_Type;
 extern PyTypeObject CoreHandle_Type;
 extern PyTypeObject CoreRequest_Type;
 extern PyTypeObject CorePending_Type;
@@ -49,6 +52,8 @@ static inline int core_attr_is(PyObject *obj, PyObject *attr, PyObject *want) {
     return same;
 }
 
+int core_lock_acquire(CoreLockObject *lock); /* 0, or -1 with an error set (a signal handler raised) */
+int core_lock_release(CoreLockObject *lock); /* 0, or -1 with an error set (it was not held) */
 int core_handle_init_sync(void);
 long long core_now_ns(void); /* CLOCK_MONOTONIC, in ns */
 double core_monotonic(void);  /* the same in seconds, as time.monotonic() */

@@ -85,6 +85,10 @@ int lone_bump(PyObject *dict, PyObject *key) {
 }
 
 int lone_call_lock(PyObject *lock, PyObject *method) {
+    if (Py_TYPE(lock) == &CoreLock_Type) { /* the engine lock: taken without calling into Python */
+        CoreLockObject *core_lock = (CoreLockObject *)lock;
+        return method == s_release ? core_lock_release(core_lock) : core_lock_acquire(core_lock);
+    }
     PyObject *r = PyObject_CallMethodNoArgs(lock, method);
     Py_XDECREF(r);
     return r == NULL ? -1 : 0;

@@ -123,7 +123,7 @@ PyMODINIT_FUNC PyInit__core(void) {
     if (m == NULL) return NULL;
     if (add_type(m, &CoreHandle_Type, "Handle") < 0 || add_type(m, &CoreRequest_Type, "Request") < 0 ||
         add_type(m, &CorePending_Type, "Pending") < 0 || add_type(m, &CoreSubmitter_Type, "Submitter") < 0 ||
-        add_type(m, &CoreLoneCycle_Type, "LoneCycle") < 0) {
+        add_type(m, &CoreLoneCycle_Type, "LoneCycle") < 0 || add_type(m, &CoreLock_Type, "Lock") < 0) {
         Py_DECREF(m);
         return NULL;
     }

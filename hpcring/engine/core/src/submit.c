@@ -8,6 +8,9 @@
  * `Submitter.synchronize` waits with the GIL released and builds the result.
  */
 #include "core.h"
+#include "tensor_reader.h"
+
+#include <string.h>
 
 #define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
 #include <numpy/arrayobject.h>
@@ -18,6 +21,7 @@ typedef struct {
     PyObject *basics;       /* hpcring.torch.basics: its `_engine` */
     PyObject *tls;          /* the grouped-call batch holder (`batch`) */
     PyObject *defer;        /* the deferred-wake flag holder (`on`) */
+    PyObject *deferring;    /* list: an entry per thread inside deferred_wake; only when not empty is `on` read */
     PyObject *handle_map;   /* dict: int -> Pending */
     PyObject *handle_ids;   /* itertools.count */
     PyObject *op_names;     /* dict: id(op) -> reduce op name */
@@ -30,6 +34,8 @@ typedef struct {
     PyObject *sig_type;     /* Signature (a tuple subclass) */
     PyObject *allreduce;    /* OpType.ALLREDUCE */
     PyObject *after_device; /* op_handles._after_device */
+    core_read_tensor_fn reader; /* the torch reader's (torch_reader.cpp), or NULL: torch's Python getters */
+    PyObject *scalar_types; /* tuple: c10::ScalarType value -> a `dtypes` value, or None (the reader's map) */
     /* what repeated calls reuse */
     PyObject *sigs;         /* dict: name -> the Signature last built for it */
     PyObject *last_op;      /* the op of the last call, and its name */
@@ -43,6 +49,10 @@ typedef struct {
     PyObject *put;
     PyObject *acquire;
     PyObject *release;
+    CoreLockObject *core_lock; /* `lock` when it is the core's Lock (taken in C), else NULL (borrowed) */
+    PyObject *last_set;        /* the set state last queued on, and its `inflight` (never replaced) */
+    PyObject *last_inflight;
+    PyObject *basics_dict;     /* `basics`'s namespace when it is a module: `_engine` read without getattr */
     int on_host;
 } SubmitterObject;
 
@@ -76,19 +86,29 @@ int core_submit_init(void) {
 #define NOT_HANDLED() Py_NewRef(Py_NotImplemented)
 
 static int Submitter_init(SubmitterObject *self, PyObject *args, PyObject *kwds) {
-    static char *kwlist[] = {"basics", "tls", "defer", "handle_map", "handle_ids", "op_names", "average_op",
-                             "adasum_name", "tensor_type", "strided", "set_type", "dtypes", "sig_type",
-                             "allreduce", "after_device", NULL};
-    PyObject *v[15];
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "$OOOO!OO!OOOOOO!OOO:Submitter", kwlist, &v[0], &v[1], &v[2],
-                                     &PyDict_Type, &v[3], &v[4], &PyDict_Type, &v[5], &v[6], &v[7], &v[8], &v[9],
-                                     &v[10], &PyDict_Type, &v[11], &v[12], &v[13], &v[14]))
+    static char *kwlist[] = {"basics",      "tls",          "defer",     "deferring", "handle_map",
+                             "handle_ids",  "op_names",     "average_op", "adasum_name", "tensor_type",
+                             "strided",     "set_type",     "dtypes",    "sig_type",  "allreduce",
+                             "after_device", "reader",      "scalar_types", NULL};
+    PyObject *v[16], *reader = NULL, *scalar_types = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "$OOOO!O!OO!OOOOOO!OOOOO!:Submitter", kwlist, &v[0], &v[1], &v[2],
+                                     &PyList_Type, &v[15], &PyDict_Type, &v[3], &v[4], &PyDict_Type, &v[5], &v[6],
+                                     &v[7], &v[8], &v[9], &v[10], &PyDict_Type, &v[11], &v[12], &v[13], &v[14],
+                                     &reader, &PyTuple_Type, &scalar_types))
         return -1;
-    PyObject **slots[15] = {&self->basics,      &self->tls,         &self->defer,     &self->handle_map,
+    self->reader = NULL;
+    if (reader != Py_None) {
+        self->reader = (core_read_tensor_fn)PyCapsule_GetPointer(reader, CORE_READER_CAPSULE);
+        if (self->reader == NULL) return -1;
+    }
+    Py_XSETREF(self->scalar_types, Py_NewRef(scalar_types));
+    PyObject **slots[16] = {&self->basics,      &self->tls,         &self->defer,      &self->handle_map,
                             &self->handle_ids,  &self->op_names,    &self->average_op, &self->adasum_name,
-                            &self->tensor_type, &self->strided,     &self->set_type,  &self->dtypes,
-                            &self->sig_type,    &self->allreduce,   &self->after_device};
-    for (int i = 0; i < 15; i++) Py_XSETREF(*slots[i], Py_NewRef(v[i]));
+                            &self->tensor_type, &self->strided,     &self->set_type,   &self->dtypes,
+                            &self->sig_type,    &self->allreduce,   &self->after_device, &self->deferring};
+    for (int i = 0; i < 16; i++) Py_XSETREF(*slots[i], Py_NewRef(v[i]));
+    Py_CLEAR(self->basics_dict);
+    if (PyModule_CheckExact(self->basics)) self->basics_dict = Py_NewRef(PyModule_GetDict(self->basics));
     Py_XSETREF(self->sigs, PyDict_New());
     return self->sigs == NULL ? -1 : 0;
 }
@@ -101,12 +121,16 @@ static void clear_binding(SubmitterObject *self) {
     Py_CLEAR(self->put);
     Py_CLEAR(self->acquire);
     Py_CLEAR(self->release);
+    Py_CLEAR(self->last_set);
+    Py_CLEAR(self->last_inflight);
+    self->core_lock = NULL;
 }
 
 static int Submitter_traverse(SubmitterObject *self, visitproc visit, void *arg) {
     Py_VISIT(self->basics);
     Py_VISIT(self->tls);
     Py_VISIT(self->defer);
+    Py_VISIT(self->deferring);
     Py_VISIT(self->handle_map);
     Py_VISIT(self->handle_ids);
     Py_VISIT(self->op_names);
@@ -119,6 +143,7 @@ static int Submitter_traverse(SubmitterObject *self, visitproc visit, void *arg)
     Py_VISIT(self->sig_type);
     Py_VISIT(self->allreduce);
     Py_VISIT(self->after_device);
+    Py_VISIT(self->scalar_types);
     Py_VISIT(self->sigs);
     Py_VISIT(self->last_op);
     Py_VISIT(self->last_op_name);
@@ -129,6 +154,9 @@ static int Submitter_traverse(SubmitterObject *self, visitproc visit, void *arg)
     Py_VISIT(self->put);
     Py_VISIT(self->acquire);
     Py_VISIT(self->release);
+    Py_VISIT(self->last_set);
+    Py_VISIT(self->last_inflight);
+    Py_VISIT(self->basics_dict);
     return 0;
 }
 
@@ -136,6 +164,7 @@ static int Submitter_clear(SubmitterObject *self) {
     Py_CLEAR(self->basics);
     Py_CLEAR(self->tls);
     Py_CLEAR(self->defer);
+    Py_CLEAR(self->deferring);
     Py_CLEAR(self->handle_map);
     Py_CLEAR(self->handle_ids);
     Py_CLEAR(self->op_names);
@@ -148,9 +177,11 @@ static int Submitter_clear(SubmitterObject *self) {
     Py_CLEAR(self->sig_type);
     Py_CLEAR(self->allreduce);
     Py_CLEAR(self->after_device);
+    Py_CLEAR(self->scalar_types);
     Py_CLEAR(self->sigs);
     Py_CLEAR(self->last_op);
     Py_CLEAR(self->last_op_name);
+    Py_CLEAR(self->basics_dict);
     clear_binding(self);
     return 0;
 }
@@ -176,6 +207,7 @@ static int bind_engine(SubmitterObject *self, PyObject *engine) {
     if (self->release == NULL) goto fail;
     self->on_host = PyObject_IsTrue(on_host);
     if (self->on_host < 0) goto fail;
+    if (Py_TYPE(self->lock) == &CoreLock_Type) self->core_lock = (CoreLockObject *)self->lock;
     self->state = state;
     self->engine = Py_NewRef(engine);
     Py_DECREF(wake);
@@ -189,10 +221,44 @@ fail:
     return -1;
 }
 
-/* The zero-copy numpy view of a dense contiguous CPU tensor of a plain dtype; Py_NotImplemented (borrowed)
- * for any other tensor; NULL on error. `dtype_name` receives the dtype's name (borrowed), `size_out` the
- * tensor's torch.Size (a tuple; a new reference, set only when a view is returned). */
-static PyObject *host_view(SubmitterObject *self, PyObject *t, PyObject **dtype_name, PyObject **size_out) {
+/* What submit knows of a tensor it views: its dtype's name (borrowed from the `dtypes` table) and shape. */
+typedef struct {
+    PyObject *dtype_name;
+    int nd;
+    npy_intp dims[CORE_READER_MAXDIMS];
+} ViewInfo;
+
+/* A numpy array over the tensor's memory, the tensor as its base; NULL on error. */
+static PyObject *view_of(PyObject *t, PyObject *entry, ViewInfo *info, void *data) {
+    int typenum = (int)PyLong_AsLong(PyTuple_GET_ITEM(entry, 1));
+    PyObject *arr = PyArray_New(&PyArray_Type, info->nd, info->dims, typenum, NULL, data, 0, NPY_ARRAY_CARRAY, NULL);
+    if (arr == NULL) return NULL;
+    if (PyArray_SetBaseObject((PyArrayObject *)arr, Py_NewRef(t)) < 0) {
+        Py_DECREF(arr);
+        return NULL;
+    }
+    info->dtype_name = PyTuple_GET_ITEM(entry, 0);
+    return arr;
+}
+
+/* The torch reader's answer: the view, Py_NotImplemented (borrowed) when the reader declined or the dtype is
+ * not one the core views, NULL on error. */
+static PyObject *read_view(SubmitterObject *self, PyObject *t, ViewInfo *info, int *declined) {
+    CoreTensorFields f;
+    *declined = self->reader(t, &f) != 1;
+    if (*declined) return Py_NotImplemented;
+    PyObject *entry = Py_None;
+    if (f.scalar_type >= 0 && f.scalar_type < PyTuple_GET_SIZE(self->scalar_types))
+        entry = PyTuple_GET_ITEM(self->scalar_types, f.scalar_type);
+    if (entry == Py_None) return Py_NotImplemented; /* bool, bfloat16, complex: the Python path */
+    info->nd = f.ndim;
+    for (int i = 0; i < f.ndim; i++) info->dims[i] = (npy_intp)f.dims[i];
+    return view_of(t, entry, info, f.data);
+}
+
+/* The same through torch's Python attributes (no reader, or it declined: the reader asks nothing of
+ * Python, so a tensor it cannot read is asked here, where an error is raised as the Python path would). */
+static PyObject *getter_view(SubmitterObject *self, PyObject *t, ViewInfo *info) {
     int ok = core_attr_is(t, s_is_cpu, Py_True);
     if (ok == 1) ok = core_attr_is(t, s_layout, self->strided);
     if (ok == 1) ok = core_attr_is(t, s_requires_grad, Py_False);
@@ -208,41 +274,63 @@ static PyObject *host_view(SubmitterObject *self, PyObject *t, PyObject **dtype_
     PyObject *entry = PyDict_GetItemWithError(self->dtypes, dt); /* borrowed */
     Py_DECREF(dt);
     if (entry == NULL) return PyErr_Occurred() ? NULL : Py_NotImplemented;
-    int typenum = (int)PyLong_AsLong(PyTuple_GET_ITEM(entry, 1));
     PyObject *size = PyObject_GetAttr(t, s_shape);
     if (size == NULL) return NULL;
-    Py_ssize_t nd = PyTuple_Check(size) ? PyTuple_GET_SIZE(size) : NPY_MAXDIMS + 1;
-    npy_intp dims[NPY_MAXDIMS];
+    Py_ssize_t nd = PyTuple_Check(size) ? PyTuple_GET_SIZE(size) : CORE_READER_MAXDIMS + 1;
     npy_intp count = 1;
-    if (nd > NPY_MAXDIMS) goto other;
+    PyObject *result = Py_NotImplemented;
+    if (nd > CORE_READER_MAXDIMS) goto done;
     for (Py_ssize_t i = 0; i < nd; i++) {
-        dims[i] = (npy_intp)PyLong_AsSsize_t(PyTuple_GET_ITEM(size, i));
-        if (dims[i] < 0) goto other_or_error;
-        count *= dims[i];
+        info->dims[i] = (npy_intp)PyLong_AsSsize_t(PyTuple_GET_ITEM(size, i));
+        if (info->dims[i] < 0) goto other_or_error;
+        count *= info->dims[i];
     }
-    if (count == 0) goto other; /* no memory to view: the Python path handles empty tensors */
+    info->nd = (int)nd;
+    if (count == 0) goto done; /* no memory to view: the Python path handles empty tensors */
     PyObject *ptr = PyObject_CallMethodNoArgs(t, s_data_ptr);
     if (ptr == NULL) goto error;
     void *data = PyLong_AsVoidPtr(ptr);
     Py_DECREF(ptr);
     if (data == NULL) goto other_or_error;
-    PyObject *arr = PyArray_New(&PyArray_Type, (int)nd, dims, typenum, NULL, data, 0, NPY_ARRAY_CARRAY, NULL);
-    if (arr == NULL) goto error;
-    if (PyArray_SetBaseObject((PyArrayObject *)arr, Py_NewRef(t)) < 0) {
-        Py_DECREF(arr);
-        goto error;
-    }
-    *dtype_name = PyTuple_GET_ITEM(entry, 0);
-    *size_out = size;
-    return arr;
+    result = view_of(t, entry, info, data);
+    goto done;
 other_or_error:
-    if (PyErr_Occurred()) goto error;
-other:
-    Py_DECREF(size);
-    return Py_NotImplemented;
+    if (!PyErr_Occurred()) goto done;
 error:
+    result = NULL;
+done:
     Py_DECREF(size);
-    return NULL;
+    return result;
+}
+
+/* The zero-copy numpy view of a dense contiguous CPU tensor of a plain dtype (a new reference);
+ * Py_NotImplemented (borrowed) for any other tensor; NULL on error. */
+static PyObject *host_view(SubmitterObject *self, PyObject *t, ViewInfo *info) {
+    int declined = 1;
+    if (self->reader != NULL) {
+        PyObject *view = read_view(self, t, info, &declined);
+        if (!declined) return view;
+    }
+    return getter_view(self, t, info);
+}
+
+/* 1 when the signature's shape (a tuple of ints) is the viewed tensor's. */
+static int same_shape(PyObject *shape, const ViewInfo *info) {
+    if (!PyTuple_CheckExact(shape) || PyTuple_GET_SIZE(shape) != info->nd) return 0;
+    for (int i = 0; i < info->nd; i++)
+        if (PyLong_AsSsize_t(PyTuple_GET_ITEM(shape, i)) != (Py_ssize_t)info->dims[i]) return 0;
+    return 1;
+}
+
+/* The shape as a tuple of ints, as the Python path's signature holds it. */
+static PyObject *shape_tuple(const ViewInfo *info) {
+    PyObject *shape = PyTuple_New(info->nd);
+    for (int i = 0; shape != NULL && i < info->nd; i++) {
+        PyObject *d = PyLong_FromSsize_t((Py_ssize_t)info->dims[i]);
+        if (d == NULL) Py_CLEAR(shape);
+        else PyTuple_SET_ITEM(shape, i, d);
+    }
+    return shape;
 }
 
 static PyObject *new_signature(SubmitterObject *self, PyObject *name, PyObject *dtype, PyObject *shape,
@@ -269,17 +357,16 @@ static int same_factor(PyObject *held, PyObject *given) {
 /* The signature of this call (a new reference), or NULL on error. A training loop submits the same names
  * with the same tensors step after step: the signature last built for `name` is reused when every field
  * agrees, which spares building the full name (and hashing it again for the in-flight table) and the tuple. */
-static PyObject *signature_for(SubmitterObject *self, PyObject *name, PyObject *dtype, PyObject *size,
-                               PyObject *op_name, PyObject *pre, PyObject *post) {
+static PyObject *signature_for(SubmitterObject *self, PyObject *name, const ViewInfo *info, PyObject *op_name,
+                               PyObject *pre, PyObject *post) {
+    PyObject *dtype = info->dtype_name;
     PyObject *sig = PyDict_GetItemWithError(self->sigs, name); /* borrowed */
     if (sig != NULL && PyTuple_GET_ITEM(sig, 2) == dtype && PyTuple_GET_ITEM(sig, 4) == op_name &&
-        same_factor(PyTuple_GET_ITEM(sig, 6), pre) && same_factor(PyTuple_GET_ITEM(sig, 7), post)) {
-        int same = PyObject_RichCompareBool(PyTuple_GET_ITEM(sig, 3), size, Py_EQ);
-        if (same < 0) return NULL;
-        if (same) return Py_NewRef(sig);
-    }
+        same_factor(PyTuple_GET_ITEM(sig, 6), pre) && same_factor(PyTuple_GET_ITEM(sig, 7), post) &&
+        same_shape(PyTuple_GET_ITEM(sig, 3), info))
+        return Py_NewRef(sig);
     if (PyErr_Occurred()) return NULL;
-    PyObject *shape = PySequence_Tuple(size);
+    PyObject *shape = shape_tuple(info);
     PyObject *full = shape ? PyUnicode_Concat(s_prefix, name) : NULL;
     sig = full ? new_signature(self, full, dtype, shape, op_name, pre, post) : NULL;
     Py_XDECREF(shape);
@@ -291,11 +378,34 @@ static PyObject *signature_for(SubmitterObject *self, PyObject *name, PyObject *
     return sig;
 }
 
+/* The engine lock, taken in C when it is the core's Lock, else through its methods: 0, or -1 with an error. */
+static int take_lock(SubmitterObject *self) {
+    if (self->core_lock != NULL) return core_lock_acquire(self->core_lock);
+    PyObject *got = PyObject_CallNoArgs(self->acquire);
+    Py_XDECREF(got);
+    return got == NULL ? -1 : 0;
+}
+
+static int give_lock(SubmitterObject *self) {
+    if (self->core_lock != NULL) return core_lock_release(self->core_lock);
+    PyObject *released = PyObject_CallNoArgs(self->release);
+    Py_XDECREF(released);
+    return released == NULL ? -1 : 0;
+}
+
+/* The set state's `inflight` dict (a new reference): SetState never replaces it, so the last one is kept. */
+static PyObject *inflight_of(SubmitterObject *self, PyObject *st) {
+    if (st == self->last_set) return Py_NewRef(self->last_inflight);
+    PyObject *inflight = PyObject_GetAttr(st, s_inflight);
+    if (inflight == NULL) return NULL;
+    Py_XSETREF(self->last_set, Py_NewRef(st));
+    Py_XSETREF(self->last_inflight, Py_NewRef(inflight));
+    return inflight;
+}
+
 /* Engine.submit under the engine's lock: 1 queued, 0 not handled here (nothing changed), -1 error. */
 static int queue_request(SubmitterObject *self, PyObject *set_id, PyObject *name, PyObject *req) {
-    PyObject *got = PyObject_CallNoArgs(self->acquire);
-    if (got == NULL) return -1;
-    Py_DECREF(got);
+    if (take_lock(self) < 0) return -1;
     int rc = 0;
     PyObject *st = NULL, *inflight = NULL, *incoming = NULL;
     int closed = core_attr_is(self->state, s_closed, Py_False);
@@ -309,7 +419,7 @@ static int queue_request(SubmitterObject *self, PyObject *set_id, PyObject *name
         rc = PyErr_Occurred() ? -1 : 0;
         goto out;
     }
-    inflight = PyObject_GetAttr(st, s_inflight);
+    inflight = inflight_of(self, st);
     incoming = inflight ? PyObject_GetAttr(st, s_incoming) : NULL;
     if (incoming == NULL || !PyDict_CheckExact(inflight) || !PyList_CheckExact(incoming)) {
         rc = incoming == NULL ? -1 : 0;
@@ -335,22 +445,23 @@ out:
     Py_XDECREF(incoming);
     PyObject *type, *value, *trace;
     PyErr_Fetch(&type, &value, &trace);
-    PyObject *released = PyObject_CallNoArgs(self->release);
-    Py_XDECREF(released);
+    int released = give_lock(self);
     if (type != NULL) {
         PyErr_Restore(type, value, trace);
         return -1;
     }
-    return released == NULL ? -1 : rc;
+    return released < 0 ? -1 : rc;
 }
 
 /* After queueing: the engine thread's wake-up token, unless this thread runs the cycle itself. */
 static int wake_engine(SubmitterObject *self) {
-    PyObject *on = PyObject_GetAttr(self->defer, s_on);
-    if (on == NULL) return -1;
-    int deferred = PyObject_IsTrue(on);
-    Py_DECREF(on);
-    if (deferred != 0) return deferred < 0 ? -1 : 0;
+    if (PyList_GET_SIZE(self->deferring) > 0) { /* some thread defers: is it this one? */
+        PyObject *on = PyObject_GetAttr(self->defer, s_on);
+        if (on == NULL) return -1;
+        int deferred = PyObject_IsTrue(on);
+        Py_DECREF(on);
+        if (deferred != 0) return deferred < 0 ? -1 : 0;
+    }
     PyObject *r = PyObject_CallOneArg(self->put, Py_None);
     Py_XDECREF(r);
     return r == NULL ? -1 : 0;
@@ -374,7 +485,9 @@ static PyObject *plain_op(SubmitterObject *self, PyObject *op, PyObject *average
 
 /* The engine to queue on, bound; NULL without error when there is none or it does not take host tensors. */
 static int current_engine(SubmitterObject *self) {
-    PyObject *engine = PyObject_GetAttr(self->basics, s_engine);
+    PyObject *engine = self->basics_dict ? PyDict_GetItemWithError(self->basics_dict, s_engine) : NULL;
+    if (engine != NULL) Py_INCREF(engine);
+    else if (!PyErr_Occurred()) engine = PyObject_GetAttr(self->basics, s_engine); /* not a module, or unset */
     if (engine == NULL) return -1;
     int rc = 0;
     if (engine != Py_None) {
@@ -408,24 +521,25 @@ static PyObject *Submitter_allreduce(SubmitterObject *self, PyObject *const *arg
     }
     PyObject *set_id = PyObject_GetAttr(ps, s_set_id);
     if (set_id == NULL) return NULL;
-    PyObject *result = NULL, *data = NULL, *out = NULL, *size = NULL, *osize = NULL, *sig = NULL;
-    PyObject *req = NULL, *hid = NULL, *pending = NULL, *handles = NULL, *dtype = NULL;
+    PyObject *result = NULL, *data = NULL, *out = NULL, *sig = NULL;
+    PyObject *req = NULL, *hid = NULL, *pending = NULL, *handles = NULL;
     HandleObject *handle = NULL;
+    ViewInfo info, oinfo;
     if (!PyLong_CheckExact(set_id)) goto not_handled;
-    data = host_view(self, tensor, &dtype, &size);
+    data = host_view(self, tensor, &info);
     if (data == Py_NotImplemented) data = NULL;
     if (data == NULL) goto other;
     if (output == tensor) {
         out = Py_NewRef(data);
     } else {
-        PyObject *odtype = NULL;
-        out = host_view(self, output, &odtype, &osize);
+        out = host_view(self, output, &oinfo);
         if (out == Py_NotImplemented) out = NULL;
         if (out == NULL) goto other;
-        int same = PyObject_RichCompareBool(size, osize, Py_EQ);
-        if (same != 1 || odtype != dtype) goto other;
+        if (oinfo.dtype_name != info.dtype_name || oinfo.nd != info.nd ||
+            memcmp(oinfo.dims, info.dims, sizeof(npy_intp) * (size_t)info.nd) != 0)
+            goto other;
     }
-    sig = signature_for(self, name, dtype, size, op_name, args[5], args[6]);
+    sig = signature_for(self, name, &info, op_name, args[5], args[6]);
     PyObject *full = sig ? PyTuple_GET_ITEM(sig, 0) : NULL; /* borrowed */
     handle = full ? core_handle_new(full) : NULL;
     req = handle ? (PyObject *)core_request_new(sig, set_id, data, out, handle) : NULL;
@@ -434,8 +548,9 @@ static PyObject *Submitter_allreduce(SubmitterObject *self, PyObject *const *arg
     if (queued != 1) goto other;
     if (wake_engine(self) < 0) goto done;
     hid = PyIter_Next(self->handle_ids);
-    handles = hid ? PyTuple_Pack(1, (PyObject *)handle) : NULL;
+    handles = hid ? PyTuple_New(1) : NULL;
     if (handles == NULL) goto done;
+    PyTuple_SET_ITEM(handles, 0, Py_NewRef((PyObject *)handle));
     PyObject_GC_UnTrack(handles); /* only the Pending refers to it */
     pending = (PyObject *)core_pending_new(handles, Py_None, output);
     if (pending == NULL || PyDict_SetItem(self->handle_map, hid, pending) < 0) goto done;
@@ -449,8 +564,6 @@ done:
     Py_XDECREF(set_id);
     Py_XDECREF(data);
     Py_XDECREF(out);
-    Py_XDECREF(size);
-    Py_XDECREF(osize);
     Py_XDECREF(sig);
     Py_XDECREF((PyObject *)handle);
     Py_XDECREF(req);
