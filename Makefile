@@ -15,7 +15,7 @@ setup: $(VENV)/.installed $(VENV_MPICH)/.installed
 # reader, the compiled submit's way of reading tensors through torch's C++ API (docs/guide/install.md).
 rebuild_with_torch = @echo "make: building hpcring's torch reader against the installed torch ($(1))" && \
   $(1) -m pip install -q -c constraints.txt 'setuptools>=68' && \
-  $(1) -m pip install -q --no-build-isolation --no-deps -e .
+  $(1) -m pip install -q -c constraints.txt --no-build-isolation --no-deps -e .
 
 # Main environment: Open MPI wheel + torch CPU + dev tools + the ray and spark extras (Spark's Java comes
 # from .ci/run). constraints.txt pins torch to the 2.13.0 CPU wheel (the package itself only asks for a range).
