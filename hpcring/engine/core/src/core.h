@@ -52,8 +52,10 @@ static inline int core_attr_is(PyObject *obj, PyObject *attr, PyObject *want) {
     return same;
 }
 
-int core_lock_acquire(CoreLockObject *lock); /* 0, or -1 with an error set (a signal handler raised) */
-int core_lock_release(CoreLockObject *lock); /* 0, or -1 with an error set (it was not held) */
+/* Take `lock`: in C when it is the core's Lock, else through its `acquire`; 0, or -1 with an error set. */
+int core_lock_take(PyObject *lock);
+/* Release `lock` the same way, keeping an error already set (then -1), as the `finally` of a `with`. */
+int core_lock_give(PyObject *lock);
 int core_handle_init_sync(void);
 long long core_now_ns(void); /* CLOCK_MONOTONIC, in ns */
 double core_monotonic(void);  /* the same in seconds, as time.monotonic() */

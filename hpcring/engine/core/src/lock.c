@@ -34,11 +34,11 @@ static int lock_wait(CoreLockObject *self, long long timeout_us) {
     return 1;
 }
 
-int core_lock_acquire(CoreLockObject *self) {
+static int core_lock_acquire(CoreLockObject *self) {
     return lock_wait(self, -1) == 1 ? 0 : -1;
 }
 
-int core_lock_release(CoreLockObject *self) {
+static int core_lock_release(CoreLockObject *self) {
     if (!self->locked) {
         PyErr_SetString(PyExc_RuntimeError, "release unlocked lock");
         return -1;
@@ -46,6 +46,31 @@ int core_lock_release(CoreLockObject *self) {
     self->locked = 0;
     PyThread_release_lock(self->lock);
     return 0;
+}
+
+int core_lock_take(PyObject *lock) {
+    if (Py_TYPE(lock) == &CoreLock_Type) return core_lock_acquire((CoreLockObject *)lock);
+    PyObject *r = PyObject_CallMethod(lock, "acquire", NULL);
+    Py_XDECREF(r);
+    return r == NULL ? -1 : 0;
+}
+
+int core_lock_give(PyObject *lock) {
+    PyObject *type, *value, *trace;
+    PyErr_Fetch(&type, &value, &trace);
+    int rc;
+    if (Py_TYPE(lock) == &CoreLock_Type) {
+        rc = core_lock_release((CoreLockObject *)lock);
+    } else {
+        PyObject *r = PyObject_CallMethod(lock, "release", NULL);
+        Py_XDECREF(r);
+        rc = r == NULL ? -1 : 0;
+    }
+    if (type != NULL) { /* the error that was already set wins (the `finally` of a `with`) */
+        PyErr_Restore(type, value, trace);
+        return -1;
+    }
+    return rc;
 }
 
 static PyObject *Lock_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {

@@ -142,7 +142,7 @@ static int watch(LoneObject *self, PyObject *phase, PyObject *st, PyObject *what
 /* Negotiator._intake's swap of `incoming`, under the engine lock: 1 taken in, 0 another request arrived since
  * the check (nothing done: the Python cycle runs instead), -1 error. */
 static int take_in(LoneObject *self, Plain *p) {
-    if (lone_call_lock(self->state_lock, s_acquire) < 0) return -1;
+    if (core_lock_take(self->state_lock) < 0) return -1;
     int rc = -1;
     PyObject *incoming = ATTR(p->st, s_incoming);
     if (incoming == NULL) goto out;
@@ -156,7 +156,7 @@ static int take_in(LoneObject *self, Plain *p) {
     rc = rc < 0 ? -1 : 1;
 out:
     Py_XDECREF(incoming);
-    return lone_release_keep(self->state_lock) < 0 ? -1 : rc;
+    return core_lock_give(self->state_lock) < 0 ? -1 : rc;
 }
 
 static int set_capacity_words(PyObject *st, Py_ssize_t *words) {
@@ -288,7 +288,7 @@ static PyObject *reduce(LoneObject *self, Plain *p, PyObject **failed) {
 /* Executor._finish_many for one response: out of `inflight` if still there, then the handle completed. */
 static int finish(LoneObject *self, Plain *p, PyObject *error) {
     PyObject *name = PyTuple_GET_ITEM(p->req->sig, 0);
-    if (lone_call_lock(self->state_lock, s_acquire) < 0) return -1;
+    if (core_lock_take(self->state_lock) < 0) return -1;
     PyObject *inflight = ATTR(p->st, s_inflight);
     int rc = inflight == NULL ? -1 : 0;
     if (rc == 0) {
@@ -297,7 +297,7 @@ static int finish(LoneObject *self, Plain *p, PyObject *error) {
         else if (was == NULL && PyErr_Occurred()) rc = -1;
     }
     Py_XDECREF(inflight);
-    if (lone_release_keep(self->state_lock) < 0 || rc < 0) return -1;
+    if (core_lock_give(self->state_lock) < 0 || rc < 0) return -1;
     PyObject *handles = PyTuple_Pack(1, p->req->handle);
     PyObject *results = handles ? PyList_New(1) : NULL;
     if (results == NULL) {
@@ -422,9 +422,9 @@ static int cycles_until(LoneObject *self, PyObject *handle) {
             return set;
         }
         if (lone_handle_done(handle)) return 0;
-        if (lone_call_lock(self->state_lock, s_acquire) < 0) return -1;
+        if (core_lock_take(self->state_lock) < 0) return -1;
         int closed = core_attr_is(self->state, s_closed, Py_True);
-        if (lone_release_keep(self->state_lock) < 0 || closed < 0) return -1;
+        if (core_lock_give(self->state_lock) < 0 || closed < 0) return -1;
         if (closed) return 0;
         PyObject *settings = ATTR(self->state, s_settings);
         double cycle_ms = 0.0;
@@ -471,21 +471,21 @@ static PyObject *Lone_run_inline(LoneObject *self, PyObject *const *args, Py_ssi
         if (deferred) return PyObject_CallOneArg(self->wake_put, Py_None); /* put() returns None */
         Py_RETURN_NONE;
     }
-    int failed = lone_call_lock(self->state_lock, s_acquire);
+    int failed = core_lock_take(self->state_lock);
     int allowed = failed < 0 ? -1 : core_attr_is(self->state, s_closed, Py_False);
     if (allowed == 1) allowed = core_attr_is(self->callers, s_end, Py_None);
     if (allowed == 1) allowed = lone_waiter_alone(self, handle);
-    if (failed == 0 && lone_release_keep(self->state_lock) < 0) allowed = -1;
+    if (failed == 0 && core_lock_give(self->state_lock) < 0) allowed = -1;
     if (allowed == 1) allowed = lone_bump(self->stats, s_inline) < 0 ? -1 : 1;
     if (allowed == 1 && cycles_until(self, handle) < 0) allowed = -1;
-    if (lone_release_keep(self->cycle_lock) < 0) allowed = -1;
+    if (core_lock_give(self->cycle_lock) < 0) allowed = -1;
     if (allowed < 0) return NULL;
     /* what is left (another thread's request, a stop) is the engine thread's */
-    if (lone_call_lock(self->state_lock, s_acquire) < 0) return NULL;
+    if (core_lock_take(self->state_lock) < 0) return NULL;
     Py_ssize_t inflight = lone_in_flight(self);
     int ended = inflight < 0 ? -1 : core_attr_is(self->callers, s_end, Py_None);
     int left = ended < 0 ? -1 : inflight > 0 || !ended;
-    if (lone_release_keep(self->state_lock) < 0 || left < 0) return NULL;
+    if (core_lock_give(self->state_lock) < 0 || left < 0) return NULL;
     if (left) {
         PyObject *r = PyObject_CallOneArg(self->wake_put, Py_None);
         if (r == NULL) return NULL;

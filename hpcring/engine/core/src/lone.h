@@ -42,7 +42,7 @@ typedef struct {
 extern PyObject *s_timeline, *s_closed, *s_incoming, *s_inflight, *s_cached_wait, *s_outbox, *s_table, *s_joined;
 extern PyObject *s_local_join, *s_abort, *s_overdue, *s_cache, *s_by_name, *s_sigs, *s_lru, *s_version;
 extern PyObject *s_move_to_end, *s_last_patience, *s_last_stall, *s_rank, *s_size, *s_ready_key, *s_settings;
-extern PyObject *s_inline, *s_cycles, *s_cache_hits, *s_batches, *s_end, *s_lock, *s_acquire, *s_release;
+extern PyObject *s_inline, *s_cycles, *s_cache_hits, *s_batches, *s_end, *s_lock, *s_acquire;
 extern PyObject *s_current, *s_cycle_no, *s_sets, *s_stats, *s_capacity, *s_run_inline, *s_nbytes;
 extern PyObject *s_cycle_time_ms, *s_one, *s_lone;
 
@@ -56,8 +56,6 @@ Py_ssize_t lone_attr_len(PyObject *obj, PyObject *name);
 int lone_attr_double(PyObject *obj, PyObject *name, double *out);
 int lone_set_double(PyObject *obj, PyObject *name, double value);
 int lone_bump(PyObject *dict, PyObject *key);
-int lone_call_lock(PyObject *lock, PyObject *method);
-int lone_release_keep(PyObject *lock);
 int lone_handle_done(PyObject *h);
 
 /* lone_check.c: what describe() said, and whether a wait or a cycle may be the core's */

@@ -10,7 +10,7 @@
 PyObject *s_timeline, *s_closed, *s_incoming, *s_inflight, *s_cached_wait, *s_outbox, *s_table, *s_joined;
 PyObject *s_local_join, *s_abort, *s_overdue, *s_cache, *s_by_name, *s_sigs, *s_lru, *s_version;
 PyObject *s_move_to_end, *s_last_patience, *s_last_stall, *s_rank, *s_size, *s_ready_key, *s_settings;
-PyObject *s_inline, *s_cycles, *s_cache_hits, *s_batches, *s_end, *s_lock, *s_acquire, *s_release;
+PyObject *s_inline, *s_cycles, *s_cache_hits, *s_batches, *s_end, *s_lock, *s_acquire;
 PyObject *s_current, *s_cycle_no, *s_sets, *s_stats, *s_capacity, *s_run_inline, *s_nbytes;
 PyObject *s_cycle_time_ms, *s_one, *s_lone;
 
@@ -28,14 +28,14 @@ int core_lone_init(void) {
                            "_by_name",   "_sigs",    "_lru",      "version",    "move_to_end", "last_patience_scan",
                            "last_stall_check", "rank", "size",    "ready_key",  "settings",    "inline",
                            "cycles",     "cache_hits", "batches", "_end",       "lock",        "acquire",
-                           "release",    "current",  "_cycle_no", "sets",       "stats",       "capacity",
+                           "current",  "_cycle_no", "sets",       "stats",       "capacity",
                            "run_inline", "nbytes", "cycle_time_ms", "lone"};
     PyObject **slots[] = {&s_timeline,   &s_closed,   &s_incoming,   &s_inflight,   &s_cached_wait, &s_outbox,
                           &s_table,      &s_joined,   &s_local_join, &s_abort,      &s_overdue,     &s_cache,
                           &s_by_name,    &s_sigs,     &s_lru,        &s_version,    &s_move_to_end, &s_last_patience,
                           &s_last_stall, &s_rank,     &s_size,       &s_ready_key,  &s_settings,    &s_inline,
                           &s_cycles,     &s_cache_hits, &s_batches,  &s_end,        &s_lock,        &s_acquire,
-                          &s_release,    &s_current,  &s_cycle_no,   &s_sets,       &s_stats,       &s_capacity,
+                          &s_current,  &s_cycle_no,   &s_sets,       &s_stats,       &s_capacity,
                           &s_run_inline, &s_nbytes, &s_cycle_time_ms, &s_lone};
     for (size_t i = 0; i < sizeof(slots) / sizeof(slots[0]); i++)
         if (intern(slots[i], names[i]) < 0) return -1;
@@ -81,28 +81,6 @@ int lone_bump(PyObject *dict, PyObject *key) {
     if (n == NULL) return -1;
     int rc = PyDict_SetItem(dict, key, n);
     Py_DECREF(n);
-    return rc;
-}
-
-int lone_call_lock(PyObject *lock, PyObject *method) {
-    if (Py_TYPE(lock) == &CoreLock_Type) { /* the engine lock: taken without calling into Python */
-        CoreLockObject *core_lock = (CoreLockObject *)lock;
-        return method == s_release ? core_lock_release(core_lock) : core_lock_acquire(core_lock);
-    }
-    PyObject *r = PyObject_CallMethodNoArgs(lock, method);
-    Py_XDECREF(r);
-    return r == NULL ? -1 : 0;
-}
-
-/* Release `lock` keeping whatever error is set (the `finally` of a `with`). */
-int lone_release_keep(PyObject *lock) {
-    PyObject *type, *value, *trace;
-    PyErr_Fetch(&type, &value, &trace);
-    int rc = lone_call_lock(lock, s_release);
-    if (type != NULL) {
-        PyErr_Restore(type, value, trace);
-        return -1;
-    }
     return rc;
 }
 

@@ -47,9 +47,6 @@ typedef struct {
     PyObject *lock;
     PyObject *sets;
     PyObject *put;
-    PyObject *acquire;
-    PyObject *release;
-    CoreLockObject *core_lock; /* `lock` when it is the core's Lock (taken in C), else NULL (borrowed) */
     PyObject *last_set;        /* the set state last queued on, and its `inflight` (never replaced) */
     PyObject *last_inflight;
     PyObject *basics_dict;     /* `basics`'s namespace when it is a module: `_engine` read without getattr */
@@ -58,7 +55,7 @@ typedef struct {
 
 static PyObject *s_engine, *s_state, *s_lock, *s_sets, *s_wake, *s_put, *s_on_host, *s_closed, *s_stopped;
 static PyObject *s_inflight, *s_incoming, *s_batch, *s_on, *s_set_id, *s_is_cpu, *s_layout, *s_requires_grad;
-static PyObject *s_is_contiguous, *s_dtype, *s_shape, *s_data_ptr, *s_acquire, *s_release, *s_prefix, *s_cpu;
+static PyObject *s_is_contiguous, *s_dtype, *s_shape, *s_data_ptr, *s_prefix, *s_cpu;
 static PyObject *s_empty;
 
 static int intern(PyObject **slot, const char *text) {
@@ -77,7 +74,7 @@ int core_submit_init(void) {
         intern(&s_batch, "batch") || intern(&s_on, "on") || intern(&s_set_id, "process_set_id") ||
         intern(&s_is_cpu, "is_cpu") || intern(&s_layout, "layout") || intern(&s_requires_grad, "requires_grad") ||
         intern(&s_is_contiguous, "is_contiguous") || intern(&s_dtype, "dtype") || intern(&s_shape, "shape") ||
-        intern(&s_data_ptr, "data_ptr") || intern(&s_acquire, "acquire") || intern(&s_release, "release") ||
+        intern(&s_data_ptr, "data_ptr") ||
         intern(&s_prefix, "allreduce.") || intern(&s_cpu, "cpu"))
         return -1;
     return 0;
@@ -119,11 +116,8 @@ static void clear_binding(SubmitterObject *self) {
     Py_CLEAR(self->lock);
     Py_CLEAR(self->sets);
     Py_CLEAR(self->put);
-    Py_CLEAR(self->acquire);
-    Py_CLEAR(self->release);
     Py_CLEAR(self->last_set);
     Py_CLEAR(self->last_inflight);
-    self->core_lock = NULL;
 }
 
 static int Submitter_traverse(SubmitterObject *self, visitproc visit, void *arg) {
@@ -152,8 +146,6 @@ static int Submitter_traverse(SubmitterObject *self, visitproc visit, void *arg)
     Py_VISIT(self->lock);
     Py_VISIT(self->sets);
     Py_VISIT(self->put);
-    Py_VISIT(self->acquire);
-    Py_VISIT(self->release);
     Py_VISIT(self->last_set);
     Py_VISIT(self->last_inflight);
     Py_VISIT(self->basics_dict);
@@ -202,12 +194,9 @@ static int bind_engine(SubmitterObject *self, PyObject *engine) {
     self->lock = PyObject_GetAttr(state, s_lock);
     self->sets = self->lock ? PyObject_GetAttr(state, s_sets) : NULL;
     self->put = self->sets ? PyObject_GetAttr(wake, s_put) : NULL;
-    self->acquire = self->put ? PyObject_GetAttr(self->lock, s_acquire) : NULL;
-    self->release = self->acquire ? PyObject_GetAttr(self->lock, s_release) : NULL;
-    if (self->release == NULL) goto fail;
+    if (self->put == NULL) goto fail;
     self->on_host = PyObject_IsTrue(on_host);
     if (self->on_host < 0) goto fail;
-    if (Py_TYPE(self->lock) == &CoreLock_Type) self->core_lock = (CoreLockObject *)self->lock;
     self->state = state;
     self->engine = Py_NewRef(engine);
     Py_DECREF(wake);
@@ -378,21 +367,6 @@ static PyObject *signature_for(SubmitterObject *self, PyObject *name, const View
     return sig;
 }
 
-/* The engine lock, taken in C when it is the core's Lock, else through its methods: 0, or -1 with an error. */
-static int take_lock(SubmitterObject *self) {
-    if (self->core_lock != NULL) return core_lock_acquire(self->core_lock);
-    PyObject *got = PyObject_CallNoArgs(self->acquire);
-    Py_XDECREF(got);
-    return got == NULL ? -1 : 0;
-}
-
-static int give_lock(SubmitterObject *self) {
-    if (self->core_lock != NULL) return core_lock_release(self->core_lock);
-    PyObject *released = PyObject_CallNoArgs(self->release);
-    Py_XDECREF(released);
-    return released == NULL ? -1 : 0;
-}
-
 /* The set state's `inflight` dict (a new reference): SetState never replaces it, so the last one is kept. */
 static PyObject *inflight_of(SubmitterObject *self, PyObject *st) {
     if (st == self->last_set) return Py_NewRef(self->last_inflight);
@@ -405,7 +379,7 @@ static PyObject *inflight_of(SubmitterObject *self, PyObject *st) {
 
 /* Engine.submit under the engine's lock: 1 queued, 0 not handled here (nothing changed), -1 error. */
 static int queue_request(SubmitterObject *self, PyObject *set_id, PyObject *name, PyObject *req) {
-    if (take_lock(self) < 0) return -1;
+    if (core_lock_take(self->lock) < 0) return -1;
     int rc = 0;
     PyObject *st = NULL, *inflight = NULL, *incoming = NULL;
     int closed = core_attr_is(self->state, s_closed, Py_False);
@@ -443,14 +417,7 @@ static int queue_request(SubmitterObject *self, PyObject *set_id, PyObject *name
 out:
     Py_XDECREF(inflight);
     Py_XDECREF(incoming);
-    PyObject *type, *value, *trace;
-    PyErr_Fetch(&type, &value, &trace);
-    int released = give_lock(self);
-    if (type != NULL) {
-        PyErr_Restore(type, value, trace);
-        return -1;
-    }
-    return released < 0 ? -1 : rc;
+    return core_lock_give(self->lock) < 0 ? -1 : rc;
 }
 
 /* After queueing: the engine thread's wake-up token, unless this thread runs the cycle itself. */
