@@ -36,7 +36,7 @@ class BuildPyWithPth(build_py):
         self.copy_file(str(PTH), str(Path(target) / PTH.name))
 
 
-CORE_SOURCES = ["handle.c", "lock.c", "submit.c", "lone_check.c", "lone.c", "module.c"]
+CORE_SOURCES = ["handle.c", "lock.c", "submit.c", "entry.c", "lone_check.c", "lone.c", "module.c"]
 
 
 def core_extensions() -> list[Extension]:

@@ -377,6 +377,7 @@ class Engine:
             self._watchdog.stop()
             with self._state.lock:
                 self._stopped = True
+                self._state.closed = True  # the one flag the core's submit reads
                 sets = list(self._state.sets.values())
             for st in sets:
                 self._fail_set(st, f"hpcring shut down: {self._stop_reason or 'a rank shut down'}")

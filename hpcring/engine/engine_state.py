@@ -21,7 +21,8 @@ class EngineState:
         self.settings = settings
         self.lock = Lock()  # the core's: its submit takes it in C
         self.sets: dict[int, SetState] = {}  # the sets this rank is a member of, by id
-        self.closed = False  # shutdown requested on this rank (propagates in the next cycle)
+        # Shutdown requested on this rank (it propagates in the next cycle), or the engine thread ended.
+        self.closed = False
         self.timeline: Timeline | None = None
         # Counters for tests and benchmarks, written by whichever thread holds the cycle lock.
         self.stats = {

@@ -66,8 +66,9 @@ class Negotiator:
         )
 
     def _intake(self, st: SetState, timeline: Timeline | None, now: float) -> None:
-        with self._state.lock:
-            new, st.incoming = st.incoming, []
+        with self._state.lock:  # emptied, never replaced: the core's submit keeps the list (set_state.py)
+            new = st.incoming.copy()
+            st.incoming.clear()
         if len(new) == 1 and timeline is None:  # the latency path
             bit = st.cache.lookup(new[0].sig)  # None for anything never cached (join, barrier, ...)
             if bit is not None:

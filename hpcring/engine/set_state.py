@@ -36,8 +36,9 @@ class SetState:
         self.rank: int = topology.rank
         self.size: int = topology.size
         self.cache = ResponseCache(settings.cache_capacity)
-        self.inflight: dict[str, Request] = {}  # guarded by the engine lock (submit checks duplicates)
-        self.incoming: list[Request] = []  # guarded by the engine lock
+        # Both guarded by the engine lock, never replaced (emptied in place): the core's submit keeps them.
+        self.inflight: dict[str, Request] = {}  # submit checks duplicates here
+        self.incoming: list[Request] = []
         self.outbox: list[Request] = []  # to announce through the table next cycle
         self.announced: dict[str, Request] = {}  # announced through the table, waiting
         self.cached_wait: dict[int, Request] = {}  # bit -> request waiting on the cache path

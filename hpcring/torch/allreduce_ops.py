@@ -12,7 +12,7 @@ from hpcring.errors import ArgumentError
 from hpcring.torch import adasum_rules, basics
 from hpcring.torch.compression import Compression
 from hpcring.torch.graph import run_op
-from hpcring.torch.one_call import SUBMITTER
+from hpcring.torch.one_call import SUBMITTER, entered_in_c
 from hpcring.torch.op_handles import (
     _OP_NAMES,
     ADASUM,
@@ -149,6 +149,7 @@ def allreduce_async(
         raise problem from None
 
 
+@entered_in_c  # the common case in one C call (one_call.py); this body for everything else
 def allreduce_async_(
     tensor: Any,
     average: Any = None,
@@ -159,12 +160,6 @@ def allreduce_async_(
     process_set: ProcessSet = global_process_set,
 ) -> int:
     """In-place allreduce_async: the result lands in `tensor`."""
-    if SUBMITTER is not None:  # the common case in one call (one_call.py); NotImplemented for the rest
-        handle = SUBMITTER.allreduce(
-            tensor, tensor, name, op, average, prescale_factor, postscale_factor, process_set
-        )
-        if handle is not NotImplemented:
-            return handle  # type: ignore[no-any-return]
     op = handle_average_backwards_compatibility(op, average)
     try:
         return _allreduce_async(tensor, tensor, name, op, prescale_factor, postscale_factor, process_set)

@@ -2,11 +2,12 @@
 
 Everything the engine and `hpcring.torch` do per request and per handle goes through the names exported
 here: `Handle`, `Request`, `Pending`, `Lock` (the engine lock), `complete` (completion), `wait_polled` (the
-negotiation's wait on MPI) and `submitter` (hpcring.torch's one-call submit and synchronize). `_core` (C,
-`src/`) is used when it was built and loads; `fallback` (Python, same behaviour) when it was not, or when
-HPCRING_PURE_PYTHON=1 asks for it. `describe()` says which, for `hpcring doctor`. The torch reader
-(`_torch_reader`, C++, built against the installed torch) serves `_core`'s submit where it loads
-(`reader_status()`). docs/dev/engine.md, "The compiled core" and "The torch reader".
+negotiation's wait on MPI), `submitter` (hpcring.torch's one-call submit and synchronize) and `entry` (a
+public function entered in C: `allreduce_async_`). `_core` (C, `src/`) is used when it was built and loads;
+`fallback` (Python, same behaviour) when it was not, or when HPCRING_PURE_PYTHON=1 asks for it.
+`describe()` says which, for `hpcring doctor`. The torch reader (`_torch_reader`, C++, built against the
+installed torch) serves `_core`'s submit where it loads (`reader_status()`). docs/dev/engine.md, "The
+compiled core" and "The torch reader".
 """
 
 from __future__ import annotations
@@ -108,9 +109,10 @@ def _load_reader() -> tuple[Any, str]:
     return reader, ""
 
 
-def submitter(*, dtypes: dict[Any, tuple[str, int]], use_reader: bool = True, **config: Any) -> Any:
+def submitter(*, dtypes: dict[Any, tuple[str, int, int]], use_reader: bool = True, **config: Any) -> Any:
     """hpcring.torch's one-call submit and synchronize (`_core.Submitter`), or None on the Python path.
-    `dtypes` maps each torch dtype the core views to its (name, numpy type number); the torch reader, where
+    `dtypes` maps each torch dtype the core takes to its (name, numpy type number, item size); the torch
+    reader, where
     it loads (and `use_reader`), reads a tensor's dtype as c10's number, mapped through the same table."""
     if _impl is fallback:
         return None
@@ -125,6 +127,12 @@ def submitter(*, dtypes: dict[Any, tuple[str, int]], use_reader: bool = True, **
         scalar_types=scalar_types,
         **config,
     )
+
+
+def entry(submitter: Any, python_fn: Any, default_set: Any) -> Any:
+    """A public function entered in C over its Python twin (`_core.Entry`; hpcring.torch.one_call): only
+    where `submitter()` gave a Submitter, so only on the compiled path."""
+    return _impl.Entry(submitter, python_fn, default_set)
 
 
 _mpi_addressof: Any = None  # mpi4py's MPI._addressof once MPI_Test is bound; False where it cannot be

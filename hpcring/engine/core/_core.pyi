@@ -67,12 +67,12 @@ class Submitter:
         tensor_type: type,
         strided: Any,
         set_type: type,
-        dtypes: dict[Any, tuple[str, int]],
+        dtypes: dict[Any, tuple[str, int, int]],
         sig_type: type,
         allreduce: Any,
         after_device: Callable[[list[Handle]], None],
         reader: Any,
-        scalar_types: tuple[tuple[str, int] | None, ...],
+        scalar_types: tuple[tuple[str, int, int] | None, ...],
     ) -> None: ...
     def allreduce(
         self,
@@ -88,6 +88,10 @@ class Submitter:
     ) -> Any: ...
     def synchronize(self, handle: Any, /) -> Any: ...
     def group(self, delta: int, /) -> None: ...
+
+class Entry:
+    def __init__(self, submitter: Submitter, fallback: Callable[..., Any], default_set: Any) -> None: ...
+    def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
 
 class LoneCycle:
     """CallerCycles.run_inline with the plain cycles of a lone small host allreduce in C (lone_cycle.py)."""

@@ -262,3 +262,78 @@ def test_both_ways_of_reading_a_tensor_take_and_decline_the_same(hvd: ModuleType
             assert sub.allreduce(x, x, f"core.{way}.no", hvd.Sum, None, 1.0, 1.0, ps) is NotImplemented
         x, wrong = torch.ones(4), torch.empty(5)  # an output of another shape: the Python path words it
         assert sub.allreduce(x, wrong, f"core.{way}.out", hvd.Sum, None, 1.0, 1.0, ps) is NotImplemented
+
+
+def test_a_request_views_its_tensors_only_when_python_reads_them(hvd: ModuleType) -> None:
+    """The one-call submit queues a request over the tensors' memory without numpy views; Python code that
+    reads `tensor` or `output` (a cycle the core does not run itself) gets views of that memory, the output
+    the same array as the input when in place, and the op still completes from them."""
+    import numpy as np
+
+    from hpcring.torch import basics
+
+    n, r = hvd.size(), hvd.rank()
+    sub = _submitter()
+    if sub is None:
+        pytest.skip("the pure-Python path has no one-call submit")
+    engine = basics._engine
+    ps = hvd.global_process_set
+    x, y, out = torch.full((2, 3), float(r + 1)), torch.full((2, 3), float(r + 1)), torch.zeros(2, 3)
+    with engine._caller.lock:  # no cycle runs meanwhile: the requests stay queued
+        h_in = sub.allreduce(x, x, "core.lazy.in", hvd.Sum, None, 1.0, 1.0, ps)
+        h_out = sub.allreduce(y, out, "core.lazy.out", hvd.Sum, None, 1.0, 1.0, ps)
+        inflight = engine._state.sets[0].inflight
+        req_in, req_out = inflight["allreduce.core.lazy.in"], inflight["allreduce.core.lazy.out"]
+        view = req_in.tensor
+        assert isinstance(view, np.ndarray) and view.shape == (2, 3) and view.dtype == np.float32
+        assert view.ctypes.data == x.data_ptr() and view.base is x
+        assert req_in.output is view  # in place: one array, as the Python path queues it
+        assert req_out.output.ctypes.data == out.data_ptr() and req_out.tensor.ctypes.data == y.data_ptr()
+    assert hvd.synchronize(h_in) is x
+    assert hvd.synchronize(h_out) is out
+    total = float(n * (n + 1) // 2)
+    assert x.tolist() == out.tolist() == [[total] * 3] * 2
+    assert y.tolist() == [[float(r + 1)] * 3] * 2
+
+
+def test_allreduce_async_is_entered_in_c_and_reads_its_arguments_as_python_would(hvd: ModuleType) -> None:
+    """`hvd.allreduce_async_` is the core's Entry over the Python function (one_call.entered_in_c): positional
+    and keyword arguments reach the same op, what the core does not take goes to the Python function with
+    the same arguments (which words every error), and it looks and pickles like the function it stands for."""
+    import inspect
+    import pickle
+
+    from hpcring.torch import allreduce_ops
+
+    n, r = hvd.size(), hvd.rank()
+    f = hvd.allreduce_async_
+    assert f is allreduce_ops.allreduce_async_
+    if _submitter() is None:
+        assert inspect.isfunction(f)  # the pure-Python path: the function itself
+    else:
+        assert not inspect.isfunction(f) and inspect.isfunction(f.__wrapped__)
+    assert f.__name__ == "allreduce_async_" and f.__doc__ and f.__module__ == allreduce_ops.__name__
+    params = ["tensor", "average", "name", "op", "prescale_factor", "postscale_factor", "process_set"]
+    assert list(inspect.signature(f).parameters) == params
+    assert pickle.loads(pickle.dumps(f)) is f
+    ps = hvd.global_process_set
+    calls = [
+        lambda t: f(t, None, "entry.positional", hvd.Sum, 1.0, 1.0, ps),
+        lambda t: f(t, name="entry.keywords", op=hvd.Sum),
+        lambda t: f(tensor=t, op=hvd.Sum, name="entry.only.keywords", process_set=ps),
+        lambda t: f(t, op=hvd.Sum),  # unnamed: the Python path names it
+        lambda t: f(t, name="entry.int.factor", op=hvd.Sum, prescale_factor=2, postscale_factor=0.5),
+    ]
+    for call in calls:
+        t = torch.full((4,), float(r + 1))
+        assert hvd.synchronize(call(t)) is t
+        assert t.tolist() == [float(n * (n + 1) // 2)] * 4
+    x = torch.ones(1)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'bogus'"):
+        f(x, bogus=1)
+    with pytest.raises(TypeError, match="multiple values for argument 'tensor'"):
+        f(x, tensor=x)
+    with pytest.raises(TypeError, match="missing 1 required positional argument"):
+        f()
+    with pytest.raises(TypeError, match="positional arguments"):
+        f(x, None, "entry.too.many", hvd.Sum, 1.0, 1.0, ps, None)

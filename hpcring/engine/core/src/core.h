@@ -6,6 +6,8 @@
 #include <Python.h>
 #include <structmember.h>
 
+#include "tensor_reader.h"
+
 typedef struct {
     PyObject_HEAD
     PyObject *name;
@@ -15,16 +17,28 @@ typedef struct {
     int done; /* written under the completion mutex */
 } HandleObject;
 
+/* A request's memory as the one-call submit read it from its tensors, without a numpy view: the compiled lone
+ * cycle reduces through the pointers, and Request.tensor and .output make the views only when Python reads
+ * them (a cycle the core does not run itself). */
+typedef struct {
+    PyObject *src_base, *dst_base; /* the torch tensors (owned; NULL once viewed); dst_base NULL: in place */
+    void *src, *dst;
+    Py_ssize_t count, nbytes;
+    int typenum, nd;
+    Py_ssize_t dims[CORE_READER_MAXDIMS];
+} CoreMemory;
+
 typedef struct {
     PyObject_HEAD
     PyObject *sig;
     PyObject *process_set_id;
-    PyObject *tensor;
+    PyObject *tensor; /* NULL while `mem` is not viewed yet */
     PyObject *output;
     PyObject *splits;
     PyObject *handle;
     PyObject *submitted_at;
     PyObject *ready;
+    CoreMemory mem; /* used while `tensor` is NULL (src_base set) */
 } RequestObject;
 
 typedef struct {
@@ -41,6 +55,7 @@ extern PyTypeObject CoreHandle_Type;
 extern PyTypeObject CoreRequest_Type;
 extern PyTypeObject CorePending_Type;
 extern PyTypeObject CoreSubmitter_Type;
+extern PyTypeObject CoreEntry_Type;
 
 /* 1 when attribute `attr` of `obj` is `want`, 0 when not, -1 with an error set: the engine's flags are
  * singletons (True, False, None, an enum member), so identity is the check. */
@@ -64,10 +79,17 @@ PyObject *core_handle_wait(HandleObject *self, PyObject *timeout);
 PyObject *core_complete(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 RequestObject *core_request_new(PyObject *sig, PyObject *set_id, PyObject *tensor, PyObject *output,
                                 HandleObject *handle);
+/* A request over memory not viewed yet (the bases' references are taken). */
+RequestObject *core_request_lazy(PyObject *sig, PyObject *set_id, const CoreMemory *mem, HandleObject *handle);
+/* Request.tensor and .output made from `mem` (submit.c, where numpy's C API is); 0, or -1 with an error. */
+int core_request_view(RequestObject *r);
 PendingObject *core_pending_new(PyObject *handles, PyObject *finish, PyObject *keep);
 PyObject *core_pending_result(PendingObject *self, PyObject *results);
 
 int core_submit_init(void);
+int core_entry_init(void);
+/* Submitter.allreduce's 8 arguments: a handle, NotImplemented (a new reference) or NULL with an error. */
+PyObject *core_submit_allreduce(PyObject *submitter, PyObject *const *args);
 int core_lone_init(void);
 extern PyTypeObject CoreLoneCycle_Type;
 

@@ -7,6 +7,7 @@
 #include "core.h"
 
 #include <errno.h>
+#include <string.h>
 #include <pthread.h>
 #include <time.h>
 
@@ -304,39 +305,52 @@ static int Request_init(RequestObject *self, PyObject *args, PyObject *kwds) {
     Py_XSETREF(self->handle, handle);
     Py_XSETREF(self->submitted_at, submitted);
     Py_XSETREF(self->ready, ready);
+    Py_CLEAR(self->mem.src_base); /* the arrays given replace any memory not viewed yet */
+    Py_CLEAR(self->mem.dst_base);
     return 0;
 }
 
-RequestObject *core_request_new(PyObject *sig, PyObject *set_id, PyObject *tensor, PyObject *output,
-                                HandleObject *handle) {
+RequestObject *core_request_lazy(PyObject *sig, PyObject *set_id, const CoreMemory *mem, HandleObject *handle) {
     RequestObject *r = PyObject_GC_New(RequestObject, &CoreRequest_Type);
     if (r == NULL) return NULL;
     PyObject *submitted = PyFloat_FromDouble(core_monotonic());
+    memcpy(&r->mem, mem, offsetof(CoreMemory, dims) + sizeof(Py_ssize_t) * (size_t)mem->nd);
+    r->tensor = r->output = NULL;
     if (submitted == NULL) {
-        r->sig = r->process_set_id = r->tensor = r->output = r->splits = r->handle = r->submitted_at = NULL;
-        r->ready = NULL;
+        r->sig = r->process_set_id = r->splits = r->handle = r->submitted_at = r->ready = NULL;
+        r->mem.src_base = r->mem.dst_base = NULL;
         Py_DECREF(r);
         return NULL;
     }
-    Py_INCREF(sig);
-    Py_INCREF(set_id);
-    Py_INCREF(tensor);
-    Py_INCREF(output);
-    Py_INCREF(handle);
-    Py_INCREF(Py_None);
-    Py_INCREF(Py_None);
-    r->sig = sig;
-    r->process_set_id = set_id;
-    r->tensor = tensor;
-    r->output = output;
-    r->splits = Py_None;
-    r->handle = (PyObject *)handle;
+    Py_INCREF(mem->src_base);
+    Py_XINCREF(mem->dst_base);
+    r->sig = Py_NewRef(sig);
+    r->process_set_id = Py_NewRef(set_id);
+    r->splits = Py_NewRef(Py_None);
+    r->handle = Py_NewRef((PyObject *)handle);
     r->submitted_at = submitted;
-    r->ready = Py_None;
-    /* Left out of the collector (the one-call submit's request): it refers to atomic values, untracked
-     * arrays and its handle, and nothing a user holds refers to it, so it closes no cycle; the engine's
+    r->ready = Py_NewRef(Py_None);
+    /* Left out of the collector (the one-call submit's request): it refers to atomic values, its tensors
+     * and its handle, and nothing a user holds refers to it, so it closes no cycle; the engine's
      * structures hold it while in flight and drop it when done, and reference counting frees it. */
     return r;
+}
+
+/* Request.tensor / .output: a request the one-call submit made is viewed here, at the first read. */
+static PyObject *Request_get(RequestObject *self, void *closure) {
+    if (self->tensor == NULL && self->mem.src_base != NULL && core_request_view(self) < 0) return NULL;
+    PyObject *v = closure == NULL ? self->tensor : self->output;
+    return Py_NewRef(v != NULL ? v : Py_None);
+}
+
+static int Request_set(RequestObject *self, PyObject *value, void *closure) {
+    if (value == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "a Request's tensor and output cannot be deleted");
+        return -1;
+    }
+    if (self->tensor == NULL && self->mem.src_base != NULL && core_request_view(self) < 0) return -1;
+    Py_XSETREF(*(closure == NULL ? &self->tensor : &self->output), Py_NewRef(value));
+    return 0;
 }
 
 static int Request_traverse(RequestObject *self, visitproc visit, void *arg) {
@@ -348,6 +362,8 @@ static int Request_traverse(RequestObject *self, visitproc visit, void *arg) {
     Py_VISIT(self->handle);
     Py_VISIT(self->submitted_at);
     Py_VISIT(self->ready);
+    Py_VISIT(self->mem.src_base);
+    Py_VISIT(self->mem.dst_base);
     return 0;
 }
 
@@ -360,6 +376,8 @@ static int Request_clear(RequestObject *self) {
     Py_CLEAR(self->handle);
     Py_CLEAR(self->submitted_at);
     Py_CLEAR(self->ready);
+    Py_CLEAR(self->mem.src_base);
+    Py_CLEAR(self->mem.dst_base);
     return 0;
 }
 
@@ -377,13 +395,17 @@ static PyObject *Request_repr(RequestObject *self) {
 static PyMemberDef Request_members[] = {
     {"sig", T_OBJECT, offsetof(RequestObject, sig), 0, NULL},
     {"process_set_id", T_OBJECT, offsetof(RequestObject, process_set_id), 0, NULL},
-    {"tensor", T_OBJECT, offsetof(RequestObject, tensor), 0, NULL},
-    {"output", T_OBJECT, offsetof(RequestObject, output), 0, NULL},
     {"splits", T_OBJECT, offsetof(RequestObject, splits), 0, NULL},
     {"handle", T_OBJECT, offsetof(RequestObject, handle), 0, NULL},
     {"submitted_at", T_OBJECT, offsetof(RequestObject, submitted_at), 0, NULL},
     {"ready", T_OBJECT, offsetof(RequestObject, ready), 0, NULL},
     {NULL, 0, 0, 0, NULL},
+};
+
+static PyGetSetDef Request_getset[] = {
+    {"tensor", (getter)Request_get, (setter)Request_set, "The input: a numpy array (or a device tensor).", NULL},
+    {"output", (getter)Request_get, (setter)Request_set, "Where the result lands, or None.", "output"},
+    {NULL, NULL, NULL, NULL, NULL},
 };
 
 PyTypeObject CoreRequest_Type = {
@@ -396,6 +418,7 @@ PyTypeObject CoreRequest_Type = {
     .tp_dealloc = (destructor)Request_dealloc,
     .tp_repr = (reprfunc)Request_repr,
     .tp_members = Request_members,
+    .tp_getset = Request_getset,
     .tp_init = (initproc)Request_init,
     .tp_new = PyType_GenericNew,
 };

@@ -150,10 +150,7 @@ static int take_in(LoneObject *self, Plain *p) {
     if (!PyList_CheckExact(incoming) || PyList_GET_SIZE(incoming) != 1 ||
         PyList_GET_ITEM(incoming, 0) != (PyObject *)p->req)
         goto out;
-    PyObject *fresh = PyList_New(0);
-    rc = fresh == NULL ? -1 : PyObject_SetAttr(p->st, s_incoming, fresh);
-    Py_XDECREF(fresh);
-    rc = rc < 0 ? -1 : 1;
+    rc = PyList_SetSlice(incoming, 0, 1, NULL) < 0 ? -1 : 1; /* emptied, never replaced (set_state.py) */
 out:
     Py_XDECREF(incoming);
     return core_lock_give(self->state_lock) < 0 ? -1 : rc;
@@ -252,14 +249,13 @@ static PyObject *ready_response(LoneObject *self, Plain *p, PyObject *sigs, PyOb
 }
 
 static void postscale(Plain *p) {
-    PyArrayObject *dst = (PyArrayObject *)p->dst;
-    npy_intp n = PyArray_SIZE(dst);
+    Py_ssize_t n = p->count;
     if (p->kind == 1) { /* float32 times a float32 factor, as numpy multiplies by a Python float */
-        float *x = (float *)PyArray_DATA(dst), f = (float)p->post;
-        for (npy_intp i = 0; i < n; i++) x[i] *= f;
+        float *x = (float *)p->dst, f = (float)p->post;
+        for (Py_ssize_t i = 0; i < n; i++) x[i] *= f;
     } else {
-        double *x = (double *)PyArray_DATA(dst);
-        for (npy_intp i = 0; i < n; i++) x[i] *= p->post;
+        double *x = (double *)p->dst;
+        for (Py_ssize_t i = 0; i < n; i++) x[i] *= p->post;
     }
 }
 
@@ -267,14 +263,19 @@ static void postscale(Plain *p) {
  * then the postscale. NULL on success, else the CollectiveError the handle gets (a new reference). */
 static PyObject *reduce(LoneObject *self, Plain *p, PyObject **failed) {
     *failed = NULL;
-    const void *send = p->dst == p->tensor ? self->in_place : PyArray_DATA((PyArrayObject *)p->tensor);
-    void *recv = PyArray_DATA((PyArrayObject *)p->dst);
-    int count = (int)PyArray_SIZE((PyArrayObject *)p->dst);
+    const void *send = p->dst == p->src ? self->in_place : p->src;
+    void *recv = p->dst;
+    int count = (int)p->count;
     int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = mpi_allreduce(self, send, recv, count, p->dtype, p->op);
-    if (rc == 0 && p->post != 1.0) postscale(p);
-    Py_END_ALLOW_THREADS
+    if (p->size == 1) { /* a copy of at most max_bytes: letting the GIL go would cost a switch back */
+        rc = mpi_allreduce(self, send, recv, count, p->dtype, p->op);
+        if (rc == 0 && p->post != 1.0) postscale(p);
+    } else {
+        Py_BEGIN_ALLOW_THREADS
+        rc = mpi_allreduce(self, send, recv, count, p->dtype, p->op);
+        if (rc == 0 && p->post != 1.0) postscale(p);
+        Py_END_ALLOW_THREADS
+    }
     if (rc == 0) return NULL;
     PyObject *text = mpi_error_text(rc);
     PyObject *msg = text ? PyUnicode_FromFormat("allreduce of %R failed: %U", PyTuple_GET_ITEM(p->req->sig, 0), text)
@@ -304,7 +305,7 @@ static int finish(LoneObject *self, Plain *p, PyObject *error) {
         Py_XDECREF(handles);
         return -1;
     }
-    PyList_SET_ITEM(results, 0, Py_NewRef(p->dst));
+    PyList_SET_ITEM(results, 0, Py_NewRef(p->result));
     PyObject *args[3] = {handles, results, error ? error : Py_None};
     PyObject *r = core_complete(NULL, args, 3);
     Py_DECREF(handles);

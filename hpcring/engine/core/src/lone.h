@@ -28,7 +28,11 @@ typedef struct {
 typedef struct {
     PyObject *st, *settings; /* new references */
     RequestObject *req;
-    PyObject *tensor, *dst;
+    const void *src; /* the request's memory (its arrays', or what the one-call submit read) */
+    void *dst;
+    Py_ssize_t count, nbytes;
+    int typenum;
+    PyObject *result; /* what the handle gets: the output array, or the output tensor when never viewed */
     PyObject *bit; /* new reference */
     long bitno;
     int fresh; /* the request is still in `incoming` (else in `cached_wait`) */

@@ -152,8 +152,11 @@ int lone_waiter_alone(LoneObject *self, PyObject *handle) {
     if (found == NULL) return 0;
     int ok = 0;
     if (Py_TYPE(found) == &CoreRequest_Type && ((RequestObject *)found)->handle == handle) {
-        PyObject *tensor = ((RequestObject *)found)->tensor;
-        if (PyArray_Check(tensor)) {
+        RequestObject *r = (RequestObject *)found;
+        PyObject *tensor = r->tensor;
+        if (tensor == NULL) {
+            ok = r->mem.src_base != NULL && r->mem.nbytes <= INLINE_MAX_BYTES;
+        } else if (PyArray_Check(tensor)) {
             ok = PyArray_NBYTES((PyArrayObject *)tensor) <= INLINE_MAX_BYTES;
         } else {
             PyObject *nbytes = PyObject_GetAttr(tensor, s_nbytes);
@@ -198,14 +201,27 @@ static int plain_reduce(LoneObject *self, Plain *p, PyObject *sig) {
     double post = PyFloat_AsDouble(PyTuple_GET_ITEM(sig, 7));
     if (PyErr_Occurred() || average < 0) return -1;
     /* the arrays are what the signature says (the host plane reduces the array's dtype) */
-    if (PyArray_TYPE((PyArrayObject *)p->tensor) != typenum) return 0;
+    if (p->typenum != typenum) return 0;
     p->post = average ? post / (double)p->size : post; /* host_buffers._postscale */
     return p->post == 1.0 || p->kind != 0;
 }
 
-/* The request's arrays: C-contiguous, as small as what `auto` hands to MPI's allreduce; 1 yes, 0 no. */
+/* The request's memory, as small as what `auto` hands to MPI's allreduce: what the one-call submit read
+ * (its own checks made it dense and writable), or C-contiguous arrays; 1 yes, 0 no. */
 static int plain_arrays(LoneObject *self, Plain *p) {
-    PyObject *tensor = p->req->tensor, *output = p->req->output;
+    RequestObject *r = p->req;
+    if (r->tensor == NULL) {
+        CoreMemory *m = &r->mem;
+        if (m->src_base == NULL || m->nbytes > self->max_bytes || m->count > INT32_MAX) return 0;
+        p->src = m->src;
+        p->dst = m->dst;
+        p->count = m->count;
+        p->nbytes = m->nbytes;
+        p->typenum = m->typenum;
+        p->result = m->dst_base != NULL ? m->dst_base : m->src_base;
+        return 1;
+    }
+    PyObject *tensor = r->tensor, *output = r->output;
     if (!PyArray_Check(tensor) || !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)tensor)) return 0;
     PyArrayObject *src = (PyArrayObject *)tensor;
     if (PyArray_NBYTES(src) > self->max_bytes || PyArray_SIZE(src) == 0 || PyArray_SIZE(src) > INT32_MAX) return 0;
@@ -218,8 +234,12 @@ static int plain_arrays(LoneObject *self, Plain *p) {
     } else if (!PyArray_ISWRITEABLE(src)) {
         return 0;
     }
-    p->tensor = tensor;
-    p->dst = dst;
+    p->src = PyArray_DATA(src);
+    p->dst = PyArray_DATA((PyArrayObject *)dst);
+    p->count = PyArray_SIZE(src);
+    p->nbytes = PyArray_NBYTES(src);
+    p->typenum = PyArray_TYPE(src);
+    p->result = dst;
     return 1;
 }
 

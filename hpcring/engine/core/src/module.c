@@ -118,12 +118,13 @@ PyMODINIT_FUNC PyInit__core(void) {
         PyErr_SetString(PyExc_RuntimeError, "hpcring core: cannot create its condition variable");
         return NULL;
     }
-    if (core_submit_init() < 0 || core_lone_init() < 0) return NULL;
+    if (core_submit_init() < 0 || core_entry_init() < 0 || core_lone_init() < 0) return NULL;
     PyObject *m = PyModule_Create(&core_module);
     if (m == NULL) return NULL;
     if (add_type(m, &CoreHandle_Type, "Handle") < 0 || add_type(m, &CoreRequest_Type, "Request") < 0 ||
         add_type(m, &CorePending_Type, "Pending") < 0 || add_type(m, &CoreSubmitter_Type, "Submitter") < 0 ||
-        add_type(m, &CoreLoneCycle_Type, "LoneCycle") < 0 || add_type(m, &CoreLock_Type, "Lock") < 0) {
+        add_type(m, &CoreLoneCycle_Type, "LoneCycle") < 0 || add_type(m, &CoreLock_Type, "Lock") < 0 ||
+        add_type(m, &CoreEntry_Type, "Entry") < 0) {
         Py_DECREF(m);
         return NULL;
     }

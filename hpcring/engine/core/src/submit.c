@@ -30,7 +30,7 @@ typedef struct {
     PyObject *tensor_type;  /* torch.Tensor */
     PyObject *strided;      /* torch.strided */
     PyObject *set_type;     /* ProcessSet */
-    PyObject *dtypes;       /* dict: torch dtype -> (name, numpy type number) */
+    PyObject *dtypes;       /* dict: torch dtype -> (name, numpy type number, item size) */
     PyObject *sig_type;     /* Signature (a tuple subclass) */
     PyObject *allreduce;    /* OpType.ALLREDUCE */
     PyObject *after_device; /* op_handles._after_device */
@@ -47,13 +47,14 @@ typedef struct {
     PyObject *lock;
     PyObject *sets;
     PyObject *put;
-    PyObject *last_set;        /* the set state last queued on, and its `inflight` (never replaced) */
+    PyObject *last_set;        /* the set state last queued on, its `inflight` and `incoming` (never replaced) */
     PyObject *last_inflight;
+    PyObject *last_incoming;
     PyObject *basics_dict;     /* `basics`'s namespace when it is a module: `_engine` read without getattr */
     int on_host;
 } SubmitterObject;
 
-static PyObject *s_engine, *s_state, *s_lock, *s_sets, *s_wake, *s_put, *s_on_host, *s_closed, *s_stopped;
+static PyObject *s_engine, *s_state, *s_lock, *s_sets, *s_wake, *s_put, *s_on_host, *s_closed;
 static PyObject *s_inflight, *s_incoming, *s_batch, *s_on, *s_set_id, *s_is_cpu, *s_layout, *s_requires_grad;
 static PyObject *s_is_contiguous, *s_dtype, *s_shape, *s_data_ptr, *s_prefix, *s_cpu;
 static PyObject *s_empty;
@@ -70,7 +71,7 @@ int core_submit_init(void) {
     if (intern(&s_engine, "_engine") || intern(&s_state, "_state") || intern(&s_lock, "lock") ||
         intern(&s_sets, "sets") || intern(&s_wake, "_wake") || intern(&s_put, "put") ||
         intern(&s_on_host, "cpu_tensors_on_host") || intern(&s_closed, "closed") ||
-        intern(&s_stopped, "_stopped") || intern(&s_inflight, "inflight") || intern(&s_incoming, "incoming") ||
+        intern(&s_inflight, "inflight") || intern(&s_incoming, "incoming") ||
         intern(&s_batch, "batch") || intern(&s_on, "on") || intern(&s_set_id, "process_set_id") ||
         intern(&s_is_cpu, "is_cpu") || intern(&s_layout, "layout") || intern(&s_requires_grad, "requires_grad") ||
         intern(&s_is_contiguous, "is_contiguous") || intern(&s_dtype, "dtype") || intern(&s_shape, "shape") ||
@@ -118,6 +119,7 @@ static void clear_binding(SubmitterObject *self) {
     Py_CLEAR(self->put);
     Py_CLEAR(self->last_set);
     Py_CLEAR(self->last_inflight);
+    Py_CLEAR(self->last_incoming);
 }
 
 static int Submitter_traverse(SubmitterObject *self, visitproc visit, void *arg) {
@@ -148,6 +150,7 @@ static int Submitter_traverse(SubmitterObject *self, visitproc visit, void *arg)
     Py_VISIT(self->put);
     Py_VISIT(self->last_set);
     Py_VISIT(self->last_inflight);
+    Py_VISIT(self->last_incoming);
     Py_VISIT(self->basics_dict);
     return 0;
 }
@@ -210,112 +213,142 @@ fail:
     return -1;
 }
 
-/* What submit knows of a tensor it views: its dtype's name (borrowed from the `dtypes` table) and shape. */
+/* What submit read of a tensor: its dtype's name (borrowed from the `dtypes` table), and its memory (`mem.src`,
+ * the type number, shape and sizes; the bases are set by the caller). */
 typedef struct {
     PyObject *dtype_name;
-    int nd;
-    npy_intp dims[CORE_READER_MAXDIMS];
-} ViewInfo;
+    CoreMemory mem;
+} ReadInfo;
 
-/* A numpy array over the tensor's memory, the tensor as its base; NULL on error. */
-static PyObject *view_of(PyObject *t, PyObject *entry, ViewInfo *info, void *data) {
-    int typenum = (int)PyLong_AsLong(PyTuple_GET_ITEM(entry, 1));
-    PyObject *arr = PyArray_New(&PyArray_Type, info->nd, info->dims, typenum, NULL, data, 0, NPY_ARRAY_CARRAY, NULL);
-    if (arr == NULL) return NULL;
-    if (PyArray_SetBaseObject((PyArrayObject *)arr, Py_NewRef(t)) < 0) {
-        Py_DECREF(arr);
-        return NULL;
-    }
+/* The `dtypes` entry's name and type number, and the element count and bytes; 1, or 0 (not handled: empty,
+ * or more than MPI's int count), or -1 on error. */
+static int read_entry(PyObject *entry, ReadInfo *info) {
+    long typenum = PyLong_AsLong(PyTuple_GET_ITEM(entry, 1));
+    Py_ssize_t itemsize = PyLong_AsSsize_t(PyTuple_GET_ITEM(entry, 2));
+    if (PyErr_Occurred()) return -1;
+    Py_ssize_t count = 1;
+    for (int i = 0; i < info->mem.nd; i++) count *= info->mem.dims[i];
+    if (count <= 0) return 0; /* no memory to view: the Python path handles empty tensors */
     info->dtype_name = PyTuple_GET_ITEM(entry, 0);
-    return arr;
+    info->mem.typenum = (int)typenum;
+    info->mem.count = count;
+    info->mem.nbytes = count * itemsize;
+    return 1;
 }
 
-/* The torch reader's answer: the view, Py_NotImplemented (borrowed) when the reader declined or the dtype is
- * not one the core views, NULL on error. */
-static PyObject *read_view(SubmitterObject *self, PyObject *t, ViewInfo *info, int *declined) {
+/* The torch reader's answer: 1 read, 0 not handled (a dtype the core does not take), -1 on error; *declined
+ * when the reader could not read the tensor at all. */
+static int reader_read(SubmitterObject *self, PyObject *t, ReadInfo *info, int *declined) {
     CoreTensorFields f;
     *declined = self->reader(t, &f) != 1;
-    if (*declined) return Py_NotImplemented;
+    if (*declined) return 0;
     PyObject *entry = Py_None;
     if (f.scalar_type >= 0 && f.scalar_type < PyTuple_GET_SIZE(self->scalar_types))
         entry = PyTuple_GET_ITEM(self->scalar_types, f.scalar_type);
-    if (entry == Py_None) return Py_NotImplemented; /* bool, bfloat16, complex: the Python path */
-    info->nd = f.ndim;
-    for (int i = 0; i < f.ndim; i++) info->dims[i] = (npy_intp)f.dims[i];
-    return view_of(t, entry, info, f.data);
+    if (entry == Py_None) return 0; /* bool, bfloat16, complex: the Python path */
+    info->mem.nd = f.ndim;
+    for (int i = 0; i < f.ndim; i++) info->mem.dims[i] = (Py_ssize_t)f.dims[i];
+    info->mem.src = f.data;
+    return read_entry(entry, info);
 }
 
 /* The same through torch's Python attributes (no reader, or it declined: the reader asks nothing of
  * Python, so a tensor it cannot read is asked here, where an error is raised as the Python path would). */
-static PyObject *getter_view(SubmitterObject *self, PyObject *t, ViewInfo *info) {
+static int getter_read(SubmitterObject *self, PyObject *t, ReadInfo *info) {
     int ok = core_attr_is(t, s_is_cpu, Py_True);
     if (ok == 1) ok = core_attr_is(t, s_layout, self->strided);
     if (ok == 1) ok = core_attr_is(t, s_requires_grad, Py_False);
     if (ok == 1) {
         PyObject *c = PyObject_CallMethodNoArgs(t, s_is_contiguous);
-        if (c == NULL) return NULL;
+        if (c == NULL) return -1;
         ok = c == Py_True;
         Py_DECREF(c);
     }
-    if (ok != 1) return ok < 0 ? NULL : Py_NotImplemented;
+    if (ok != 1) return ok;
     PyObject *dt = PyObject_GetAttr(t, s_dtype);
-    if (dt == NULL) return NULL;
+    if (dt == NULL) return -1;
     PyObject *entry = PyDict_GetItemWithError(self->dtypes, dt); /* borrowed */
     Py_DECREF(dt);
-    if (entry == NULL) return PyErr_Occurred() ? NULL : Py_NotImplemented;
+    if (entry == NULL) return PyErr_Occurred() ? -1 : 0;
     PyObject *size = PyObject_GetAttr(t, s_shape);
-    if (size == NULL) return NULL;
+    if (size == NULL) return -1;
     Py_ssize_t nd = PyTuple_Check(size) ? PyTuple_GET_SIZE(size) : CORE_READER_MAXDIMS + 1;
-    npy_intp count = 1;
-    PyObject *result = Py_NotImplemented;
+    int rc = 0;
     if (nd > CORE_READER_MAXDIMS) goto done;
     for (Py_ssize_t i = 0; i < nd; i++) {
-        info->dims[i] = (npy_intp)PyLong_AsSsize_t(PyTuple_GET_ITEM(size, i));
-        if (info->dims[i] < 0) goto other_or_error;
-        count *= info->dims[i];
+        info->mem.dims[i] = PyLong_AsSsize_t(PyTuple_GET_ITEM(size, i));
+        if (info->mem.dims[i] < 0) goto other_or_error;
     }
-    info->nd = (int)nd;
-    if (count == 0) goto done; /* no memory to view: the Python path handles empty tensors */
+    info->mem.nd = (int)nd;
+    rc = read_entry(entry, info);
+    if (rc != 1) goto done;
     PyObject *ptr = PyObject_CallMethodNoArgs(t, s_data_ptr);
     if (ptr == NULL) goto error;
-    void *data = PyLong_AsVoidPtr(ptr);
+    info->mem.src = PyLong_AsVoidPtr(ptr);
     Py_DECREF(ptr);
-    if (data == NULL) goto other_or_error;
-    result = view_of(t, entry, info, data);
-    goto done;
+    if (info->mem.src != NULL) goto done;
+    rc = 0;
 other_or_error:
     if (!PyErr_Occurred()) goto done;
 error:
-    result = NULL;
+    rc = -1;
 done:
     Py_DECREF(size);
-    return result;
+    return rc;
 }
 
-/* The zero-copy numpy view of a dense contiguous CPU tensor of a plain dtype (a new reference);
- * Py_NotImplemented (borrowed) for any other tensor; NULL on error. */
-static PyObject *host_view(SubmitterObject *self, PyObject *t, ViewInfo *info) {
+/* What a dense contiguous CPU tensor of a plain dtype holds: 1 read, 0 any other tensor, -1 on error. */
+static int host_read(SubmitterObject *self, PyObject *t, ReadInfo *info) {
     int declined = 1;
     if (self->reader != NULL) {
-        PyObject *view = read_view(self, t, info, &declined);
-        if (!declined) return view;
+        int rc = reader_read(self, t, info, &declined);
+        if (!declined) return rc;
     }
-    return getter_view(self, t, info);
+    return getter_read(self, t, info);
+}
+
+/* A numpy array over `data`, `base` kept alive by it; NULL on error. */
+static PyObject *array_over(PyObject *base, void *data, const CoreMemory *mem) {
+    npy_intp dims[CORE_READER_MAXDIMS];
+    for (int i = 0; i < mem->nd; i++) dims[i] = (npy_intp)mem->dims[i];
+    PyObject *arr = PyArray_New(&PyArray_Type, mem->nd, dims, mem->typenum, NULL, data, 0, NPY_ARRAY_CARRAY, NULL);
+    if (arr == NULL) return NULL;
+    if (PyArray_SetBaseObject((PyArrayObject *)arr, Py_NewRef(base)) < 0) {
+        Py_DECREF(arr);
+        return NULL;
+    }
+    return arr;
+}
+
+int core_request_view(RequestObject *r) {
+    CoreMemory *m = &r->mem;
+    PyObject *tensor = array_over(m->src_base, m->src, m);
+    if (tensor == NULL) return -1;
+    PyObject *output = m->dst_base == NULL ? Py_NewRef(tensor) : array_over(m->dst_base, m->dst, m);
+    if (output == NULL) {
+        Py_DECREF(tensor);
+        return -1;
+    }
+    Py_XSETREF(r->tensor, tensor);
+    Py_XSETREF(r->output, output);
+    Py_CLEAR(m->src_base); /* the arrays hold them now */
+    Py_CLEAR(m->dst_base);
+    return 0;
 }
 
 /* 1 when the signature's shape (a tuple of ints) is the viewed tensor's. */
-static int same_shape(PyObject *shape, const ViewInfo *info) {
-    if (!PyTuple_CheckExact(shape) || PyTuple_GET_SIZE(shape) != info->nd) return 0;
-    for (int i = 0; i < info->nd; i++)
-        if (PyLong_AsSsize_t(PyTuple_GET_ITEM(shape, i)) != (Py_ssize_t)info->dims[i]) return 0;
+static int same_shape(PyObject *shape, const ReadInfo *info) {
+    if (!PyTuple_CheckExact(shape) || PyTuple_GET_SIZE(shape) != info->mem.nd) return 0;
+    for (int i = 0; i < info->mem.nd; i++)
+        if (PyLong_AsSsize_t(PyTuple_GET_ITEM(shape, i)) != (Py_ssize_t)info->mem.dims[i]) return 0;
     return 1;
 }
 
 /* The shape as a tuple of ints, as the Python path's signature holds it. */
-static PyObject *shape_tuple(const ViewInfo *info) {
-    PyObject *shape = PyTuple_New(info->nd);
-    for (int i = 0; shape != NULL && i < info->nd; i++) {
-        PyObject *d = PyLong_FromSsize_t((Py_ssize_t)info->dims[i]);
+static PyObject *shape_tuple(const ReadInfo *info) {
+    PyObject *shape = PyTuple_New(info->mem.nd);
+    for (int i = 0; shape != NULL && i < info->mem.nd; i++) {
+        PyObject *d = PyLong_FromSsize_t((Py_ssize_t)info->mem.dims[i]);
         if (d == NULL) Py_CLEAR(shape);
         else PyTuple_SET_ITEM(shape, i, d);
     }
@@ -346,7 +379,7 @@ static int same_factor(PyObject *held, PyObject *given) {
 /* The signature of this call (a new reference), or NULL on error. A training loop submits the same names
  * with the same tensors step after step: the signature last built for `name` is reused when every field
  * agrees, which spares building the full name (and hashing it again for the in-flight table) and the tuple. */
-static PyObject *signature_for(SubmitterObject *self, PyObject *name, const ViewInfo *info, PyObject *op_name,
+static PyObject *signature_for(SubmitterObject *self, PyObject *name, const ReadInfo *info, PyObject *op_name,
                                PyObject *pre, PyObject *post) {
     PyObject *dtype = info->dtype_name;
     PyObject *sig = PyDict_GetItemWithError(self->sigs, name); /* borrowed */
@@ -367,56 +400,45 @@ static PyObject *signature_for(SubmitterObject *self, PyObject *name, const View
     return sig;
 }
 
-/* The set state's `inflight` dict (a new reference): SetState never replaces it, so the last one is kept. */
-static PyObject *inflight_of(SubmitterObject *self, PyObject *st) {
-    if (st == self->last_set) return Py_NewRef(self->last_inflight);
+/* The set state's `inflight` dict and `incoming` list (borrowed): SetState never replaces them, so those of the
+ * last set queued on are kept; 1, 0 when they are not a dict and a list (not handled here), -1 on error. */
+static int queues_of(SubmitterObject *self, PyObject *st) {
+    if (st == self->last_set) return 1;
     PyObject *inflight = PyObject_GetAttr(st, s_inflight);
-    if (inflight == NULL) return NULL;
-    Py_XSETREF(self->last_set, Py_NewRef(st));
-    Py_XSETREF(self->last_inflight, Py_NewRef(inflight));
-    return inflight;
+    PyObject *incoming = inflight ? PyObject_GetAttr(st, s_incoming) : NULL;
+    int rc = incoming == NULL ? -1 : PyDict_CheckExact(inflight) && PyList_CheckExact(incoming);
+    if (rc == 1) {
+        Py_XSETREF(self->last_set, Py_NewRef(st));
+        Py_XSETREF(self->last_inflight, Py_NewRef(inflight));
+        Py_XSETREF(self->last_incoming, Py_NewRef(incoming));
+    }
+    Py_XDECREF(inflight);
+    Py_XDECREF(incoming);
+    return rc;
 }
 
-/* Engine.submit under the engine's lock: 1 queued, 0 not handled here (nothing changed), -1 error. */
+/* Engine.submit under the engine's lock: 2 queued where nothing was queued before (the engine thread may be
+ * waiting for it), 1 queued behind others, 0 not handled here (nothing changed), -1 error. The engine thread
+ * ending sets `closed` too, so that flag is the only one read. */
 static int queue_request(SubmitterObject *self, PyObject *set_id, PyObject *name, PyObject *req) {
     if (core_lock_take(self->lock) < 0) return -1;
-    int rc = 0;
-    PyObject *st = NULL, *inflight = NULL, *incoming = NULL;
-    int closed = core_attr_is(self->state, s_closed, Py_False);
-    int running = closed == 1 ? core_attr_is(self->engine, s_stopped, Py_False) : closed;
-    if (running != 1) {
-        rc = running < 0 ? -1 : 0;
+    int rc = core_attr_is(self->state, s_closed, Py_False);
+    if (rc != 1) goto out;
+    PyObject *st = PyDict_GetItemWithError(self->sets, set_id);
+    rc = st == NULL ? (PyErr_Occurred() ? -1 : 0) : queues_of(self, st);
+    if (rc != 1) goto out;
+    PyObject *inflight = self->last_inflight, *incoming = self->last_incoming;
+    PyObject *held = PyDict_SetDefault(inflight, name, req); /* borrowed: `req` unless the name is in flight */
+    if (held != req) {
+        rc = held == NULL ? -1 : 0;
         goto out;
     }
-    st = PyDict_GetItemWithError(self->sets, set_id);
-    if (st == NULL) {
-        rc = PyErr_Occurred() ? -1 : 0;
-        goto out;
-    }
-    inflight = inflight_of(self, st);
-    incoming = inflight ? PyObject_GetAttr(st, s_incoming) : NULL;
-    if (incoming == NULL || !PyDict_CheckExact(inflight) || !PyList_CheckExact(incoming)) {
-        rc = incoming == NULL ? -1 : 0;
-        goto out;
-    }
-    int dup = PyDict_Contains(inflight, name);
-    if (dup != 0) {
-        rc = dup < 0 ? -1 : 0;
-        goto out;
-    }
-    if (PyDict_SetItem(inflight, name, req) < 0) {
-        rc = -1;
-        goto out;
-    }
+    rc = PyList_GET_SIZE(incoming) == 0 ? 2 : 1;
     if (PyList_Append(incoming, req) < 0) {
         PyDict_DelItem(inflight, name);
         rc = -1;
-        goto out;
     }
-    rc = 1;
 out:
-    Py_XDECREF(inflight);
-    Py_XDECREF(incoming);
     return core_lock_give(self->lock) < 0 ? -1 : rc;
 }
 
@@ -488,32 +510,33 @@ static PyObject *Submitter_allreduce(SubmitterObject *self, PyObject *const *arg
     }
     PyObject *set_id = PyObject_GetAttr(ps, s_set_id);
     if (set_id == NULL) return NULL;
-    PyObject *result = NULL, *data = NULL, *out = NULL, *sig = NULL;
+    PyObject *result = NULL, *sig = NULL;
     PyObject *req = NULL, *hid = NULL, *pending = NULL, *handles = NULL;
     HandleObject *handle = NULL;
-    ViewInfo info, oinfo;
+    ReadInfo info, oinfo;
     if (!PyLong_CheckExact(set_id)) goto not_handled;
-    data = host_view(self, tensor, &info);
-    if (data == Py_NotImplemented) data = NULL;
-    if (data == NULL) goto other;
-    if (output == tensor) {
-        out = Py_NewRef(data);
-    } else {
-        out = host_view(self, output, &oinfo);
-        if (out == Py_NotImplemented) out = NULL;
-        if (out == NULL) goto other;
-        if (oinfo.dtype_name != info.dtype_name || oinfo.nd != info.nd ||
-            memcmp(oinfo.dims, info.dims, sizeof(npy_intp) * (size_t)info.nd) != 0)
-            goto other;
+    int rc = host_read(self, tensor, &info);
+    if (rc == 1 && output != tensor) {
+        rc = host_read(self, output, &oinfo);
+        if (rc == 1 && (oinfo.dtype_name != info.dtype_name || oinfo.mem.nd != info.mem.nd ||
+                        memcmp(oinfo.mem.dims, info.mem.dims, sizeof(Py_ssize_t) * (size_t)info.mem.nd) != 0))
+            rc = 0;
     }
+    if (rc != 1) goto other;
+    CoreMemory *mem = &info.mem;
+    mem->src_base = tensor;
+    mem->dst_base = output == tensor ? NULL : output;
+    mem->dst = output == tensor ? mem->src : oinfo.mem.src;
     sig = signature_for(self, name, &info, op_name, args[5], args[6]);
     PyObject *full = sig ? PyTuple_GET_ITEM(sig, 0) : NULL; /* borrowed */
     handle = full ? core_handle_new(full) : NULL;
-    req = handle ? (PyObject *)core_request_new(sig, set_id, data, out, handle) : NULL;
+    req = handle ? (PyObject *)core_request_lazy(sig, set_id, mem, handle) : NULL;
     if (req == NULL) goto done;
     int queued = queue_request(self, set_id, full, req);
-    if (queued != 1) goto other;
-    if (wake_engine(self) < 0) goto done;
+    if (queued < 1) goto other;
+    /* The engine thread looks at `incoming` under the lock before it waits, and empties it whole: a request
+     * queued behind others finds the token of the first one's submit still to come, or the thread awake. */
+    if (queued == 2 && wake_engine(self) < 0) goto done;
     hid = PyIter_Next(self->handle_ids);
     handles = hid ? PyTuple_New(1) : NULL;
     if (handles == NULL) goto done;
@@ -529,8 +552,6 @@ not_handled:
     result = NOT_HANDLED();
 done:
     Py_XDECREF(set_id);
-    Py_XDECREF(data);
-    Py_XDECREF(out);
     Py_XDECREF(sig);
     Py_XDECREF((PyObject *)handle);
     Py_XDECREF(req);
@@ -538,6 +559,10 @@ done:
     Py_XDECREF(handles);
     Py_XDECREF(pending);
     return result;
+}
+
+PyObject *core_submit_allreduce(PyObject *submitter, PyObject *const *args) {
+    return Submitter_allreduce((SubmitterObject *)submitter, args, 8);
 }
 
 /* group(delta): a grouped call on some thread starts (+1) or ends (-1); while none is open, submit does not
