@@ -112,8 +112,8 @@ def _load_reader() -> tuple[Any, str]:
 def submitter(*, dtypes: dict[Any, tuple[str, int, int]], use_reader: bool = True, **config: Any) -> Any:
     """hpcring.torch's one-call submit and synchronize (`_core.Submitter`), or None on the Python path.
     `dtypes` maps each torch dtype the core takes to its (name, numpy type number, item size); the torch
-    reader, where
-    it loads (and `use_reader`), reads a tensor's dtype as c10's number, mapped through the same table."""
+    reader, where it loads (and `use_reader`), reads a tensor's dtype as c10's number, mapped through the
+    same table."""
     if _impl is fallback:
         return None
     reader = _load_reader()[0] if use_reader else None

@@ -77,8 +77,6 @@ double core_monotonic(void);  /* the same in seconds, as time.monotonic() */
 HandleObject *core_handle_new(PyObject *name);
 PyObject *core_handle_wait(HandleObject *self, PyObject *timeout);
 PyObject *core_complete(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
-RequestObject *core_request_new(PyObject *sig, PyObject *set_id, PyObject *tensor, PyObject *output,
-                                HandleObject *handle);
 /* A request over memory not viewed yet (the bases' references are taken). */
 RequestObject *core_request_lazy(PyObject *sig, PyObject *set_id, const CoreMemory *mem, HandleObject *handle);
 /* Request.tensor and .output made from `mem` (submit.c, where numpy's C API is); 0, or -1 with an error. */

@@ -30,7 +30,7 @@ typedef struct {
     RequestObject *req;
     const void *src; /* the request's memory (its arrays', or what the one-call submit read) */
     void *dst;
-    Py_ssize_t count, nbytes;
+    Py_ssize_t count;
     int typenum;
     PyObject *result; /* what the handle gets: the output array, or the output tensor when never viewed */
     PyObject *bit; /* new reference */

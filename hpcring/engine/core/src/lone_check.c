@@ -216,7 +216,6 @@ static int plain_arrays(LoneObject *self, Plain *p) {
         p->src = m->src;
         p->dst = m->dst;
         p->count = m->count;
-        p->nbytes = m->nbytes;
         p->typenum = m->typenum;
         p->result = m->dst_base != NULL ? m->dst_base : m->src_base;
         return 1;
@@ -237,7 +236,6 @@ static int plain_arrays(LoneObject *self, Plain *p) {
     p->src = PyArray_DATA(src);
     p->dst = PyArray_DATA((PyArrayObject *)dst);
     p->count = PyArray_SIZE(src);
-    p->nbytes = PyArray_NBYTES(src);
     p->typenum = PyArray_TYPE(src);
     p->result = dst;
     return 1;

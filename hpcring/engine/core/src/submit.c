@@ -220,8 +220,8 @@ typedef struct {
     CoreMemory mem;
 } ReadInfo;
 
-/* The `dtypes` entry's name and type number, and the element count and bytes; 1, or 0 (not handled: empty,
- * or more than MPI's int count), or -1 on error. */
+/* The `dtypes` entry's name and type number, and the element count and bytes; 1, or 0 for an empty tensor
+ * (not handled here), or -1 on error. */
 static int read_entry(PyObject *entry, ReadInfo *info) {
     long typenum = PyLong_AsLong(PyTuple_GET_ITEM(entry, 1));
     Py_ssize_t itemsize = PyLong_AsSsize_t(PyTuple_GET_ITEM(entry, 2));
