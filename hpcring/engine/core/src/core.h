@@ -77,6 +77,11 @@ double core_monotonic(void);  /* the same in seconds, as time.monotonic() */
 HandleObject *core_handle_new(PyObject *name);
 PyObject *core_handle_wait(HandleObject *self, PyObject *timeout);
 PyObject *core_complete(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+/* 1 when `r` is a one-call submit's request whose memory no Python code has viewed yet (then `r->mem` holds it
+ * and `r->tensor` is NULL); a request made in Python, or viewed, holds its arrays instead. */
+static inline int core_request_unviewed(const RequestObject *r) {
+    return r->tensor == NULL && r->mem.src_base != NULL;
+}
 /* A request over memory not viewed yet (the bases' references are taken). */
 RequestObject *core_request_lazy(PyObject *sig, PyObject *set_id, const CoreMemory *mem, HandleObject *handle);
 /* Request.tensor and .output made from `mem` (submit.c, where numpy's C API is); 0, or -1 with an error. */

@@ -338,7 +338,7 @@ RequestObject *core_request_lazy(PyObject *sig, PyObject *set_id, const CoreMemo
 
 /* Request.tensor / .output: a request the one-call submit made is viewed here, at the first read. */
 static PyObject *Request_get(RequestObject *self, void *closure) {
-    if (self->tensor == NULL && self->mem.src_base != NULL && core_request_view(self) < 0) return NULL;
+    if (core_request_unviewed(self) && core_request_view(self) < 0) return NULL;
     PyObject *v = closure == NULL ? self->tensor : self->output;
     return Py_NewRef(v != NULL ? v : Py_None);
 }
@@ -348,7 +348,7 @@ static int Request_set(RequestObject *self, PyObject *value, void *closure) {
         PyErr_SetString(PyExc_AttributeError, "a Request's tensor and output cannot be deleted");
         return -1;
     }
-    if (self->tensor == NULL && self->mem.src_base != NULL && core_request_view(self) < 0) return -1;
+    if (core_request_unviewed(self) && core_request_view(self) < 0) return -1;
     Py_XSETREF(*(closure == NULL ? &self->tensor : &self->output), Py_NewRef(value));
     return 0;
 }

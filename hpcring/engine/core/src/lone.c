@@ -259,6 +259,13 @@ static void postscale(Plain *p) {
     }
 }
 
+/* MPI_Allreduce, then the postscale; callable without the GIL. */
+static int allreduce_scaled(LoneObject *self, Plain *p, const void *send, void *recv, int count) {
+    int rc = mpi_allreduce(self, send, recv, count, p->dtype, p->op);
+    if (rc == 0 && p->post != 1.0) postscale(p);
+    return rc;
+}
+
 /* HostPlane's latency path: MPI's allreduce where the request lies (in place when the output is the input),
  * then the postscale. NULL on success, else the CollectiveError the handle gets (a new reference). */
 static PyObject *reduce(LoneObject *self, Plain *p, PyObject **failed) {
@@ -268,12 +275,10 @@ static PyObject *reduce(LoneObject *self, Plain *p, PyObject **failed) {
     int count = (int)p->count;
     int rc;
     if (p->size == 1) { /* a copy of at most max_bytes: letting the GIL go would cost a switch back */
-        rc = mpi_allreduce(self, send, recv, count, p->dtype, p->op);
-        if (rc == 0 && p->post != 1.0) postscale(p);
+        rc = allreduce_scaled(self, p, send, recv, count);
     } else {
         Py_BEGIN_ALLOW_THREADS
-        rc = mpi_allreduce(self, send, recv, count, p->dtype, p->op);
-        if (rc == 0 && p->post != 1.0) postscale(p);
+        rc = allreduce_scaled(self, p, send, recv, count);
         Py_END_ALLOW_THREADS
     }
     if (rc == 0) return NULL;

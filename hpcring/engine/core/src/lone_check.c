@@ -154,8 +154,9 @@ int lone_waiter_alone(LoneObject *self, PyObject *handle) {
     if (Py_TYPE(found) == &CoreRequest_Type && ((RequestObject *)found)->handle == handle) {
         RequestObject *r = (RequestObject *)found;
         PyObject *tensor = r->tensor;
-        if (tensor == NULL) {
-            ok = r->mem.src_base != NULL && r->mem.nbytes <= INLINE_MAX_BYTES;
+        if (core_request_unviewed(r)) {
+            ok = r->mem.nbytes <= INLINE_MAX_BYTES;
+        } else if (tensor == NULL) { /* cleared: not a request to run */
         } else if (PyArray_Check(tensor)) {
             ok = PyArray_NBYTES((PyArrayObject *)tensor) <= INLINE_MAX_BYTES;
         } else {
@@ -210,9 +211,9 @@ static int plain_reduce(LoneObject *self, Plain *p, PyObject *sig) {
  * (its own checks made it dense and writable), or C-contiguous arrays; 1 yes, 0 no. */
 static int plain_arrays(LoneObject *self, Plain *p) {
     RequestObject *r = p->req;
-    if (r->tensor == NULL) {
+    if (core_request_unviewed(r)) {
         CoreMemory *m = &r->mem;
-        if (m->src_base == NULL || m->nbytes > self->max_bytes || m->count > INT32_MAX) return 0;
+        if (m->nbytes > self->max_bytes || m->count > INT32_MAX) return 0;
         p->src = m->src;
         p->dst = m->dst;
         p->count = m->count;
@@ -221,7 +222,7 @@ static int plain_arrays(LoneObject *self, Plain *p) {
         return 1;
     }
     PyObject *tensor = r->tensor, *output = r->output;
-    if (!PyArray_Check(tensor) || !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)tensor)) return 0;
+    if (tensor == NULL || !PyArray_Check(tensor) || !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)tensor)) return 0;
     PyArrayObject *src = (PyArrayObject *)tensor;
     if (PyArray_NBYTES(src) > self->max_bytes || PyArray_SIZE(src) == 0 || PyArray_SIZE(src) > INT32_MAX) return 0;
     PyObject *dst = output == Py_None ? tensor : output;
