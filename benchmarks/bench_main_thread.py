@@ -22,7 +22,8 @@ rounds (the three modes alternate, their order rotating each round):
   runs beside it, not what the calls themselves cost (`own_call_us_per_op`);
 - `loss_thread` = 1 - thread-mode iterations/s / idle iterations/s.
 
-Also per rank: the achieved op rate, the share of synchronizes that found the op still pending, and the CPU
+Also per rank: the achieved op rate, the share of synchronizes that found the op still pending, the ops per
+engine cycle (`ops_per_cycle`: 1 when each op has its own cycle, 2 when they go in pairs), and the CPU
 time of the engine thread (the thread named `hpcring-engine`, read from /proc/self/task/TID/schedstat) and of
 the main thread per wall second. `worst` is the slowest rank's (largest) loss. Every rank issues the same
 number of ops per window, `--rate` x `--window`: the ticks its clock did not reach inside the window are
@@ -49,6 +50,7 @@ import torch
 from mpi4py import MPI
 
 import hpcring.torch as hvd
+from hpcring.torch import basics
 
 MODES = ("idle", "training", "thread")
 ENGINE_THREAD = "hpcring-engine"
@@ -178,6 +180,8 @@ def run_window(comm: Any, mode: str, args: argparse.Namespace, tid: int | None) 
     target = round(args.rate * args.window)  # the same on every rank: no agreement after the window
     stop = threading.Event()
     comm.Barrier()
+    stats = basics.engine().stats
+    cycles0 = stats["cycles"]
     cpu0, main0 = thread_cpu_s(tid), time.thread_time()
     t0 = time.perf_counter()
     helper = None
@@ -191,6 +195,7 @@ def run_window(comm: Any, mode: str, args: argparse.Namespace, tid: int | None) 
     stop.set()
     if helper is not None:
         helper.join()
+    cycles = stats["cycles"] - cycles0
     ops, sync_s, syncs, pending = issuer.count, issuer.sync_s, issuer.syncs, issuer.pending_at_sync
     issuer.finish(target)  # outside the window: not in its figures
     return {
@@ -201,6 +206,7 @@ def run_window(comm: Any, mode: str, args: argparse.Namespace, tid: int | None) 
         "own_us_per_op": 1e6 * own / ops if ops else 0.0,
         "sync_us_per_op": 1e6 * sync_s / ops if ops else 0.0,
         "pending_at_sync": pending / syncs if syncs else 0.0,
+        "ops_per_cycle": ops / cycles if cycles else 0.0,
         "engine_cpu_share": (cpu1 - cpu0) / elapsed if cpu0 is not None and cpu1 is not None else -1.0,
         "main_cpu_share": (main1 - main0) / elapsed,
     }
@@ -233,6 +239,7 @@ def summarise(windows: dict[str, list[dict[str, float]]]) -> dict[str, Any]:
         "own_call_us_per_op": _med([w["own_us_per_op"] for w in train], 2),
         "own_sync_us_per_op": _med([w["sync_us_per_op"] for w in train], 2),
         "pending_at_sync": {m: _med([w["pending_at_sync"] for w in windows[m]], 3) for m in MODES[1:]},
+        "ops_per_cycle": {m: _med([w["ops_per_cycle"] for w in windows[m]], 3) for m in MODES[1:]},
         "engine_cpu_share": {m: _med([w["engine_cpu_share"] for w in windows[m]], 3) for m in MODES},
         "main_cpu_share": {m: _med([w["main_cpu_share"] for w in windows[m]], 3) for m in MODES},
     }
