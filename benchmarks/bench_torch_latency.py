@@ -2,10 +2,10 @@
 
     hpcring run -np 2 -- python benchmarks/bench_torch_latency.py --ops 2000
 
-Per op (4-byte float32: `allreduce_` in place, `allreduce` out of place, `allgather`, `broadcast`), the median
-of `--ops` back-to-back calls on rank 0 after a warm-up (no barrier between calls, as a training loop calls
-them), in microseconds. Only the public API is used, so the same script times any version of the code
-(`PYTHONPATH` pointing at another checkout) in the same sitting.
+Per op (4-byte float32: `allreduce_` in place, named and unnamed, `allreduce` out of place, `allgather`,
+`broadcast`), the median of `--ops` back-to-back calls on rank 0 after a warm-up (no barrier between calls,
+as a training loop calls them), in microseconds. Only the public API is used, so the same script times any
+version of the code (`PYTHONPATH` pointing at another checkout) in the same sitting.
 
 On a machine shared with other jobs a rank that loses its core for a while turns a run's median into the
 time of a descheduled peer, so each op also reports `quiet`: the lowest median of its calls taken in windows
@@ -60,6 +60,7 @@ def main() -> None:
     x = torch.ones(1)
     rows = {
         "allreduce_": lambda: hvd.allreduce_(x, op=hvd.Sum, name="lat.in_place"),
+        "allreduce_unnamed": lambda: hvd.allreduce_(x, op=hvd.Sum),  # a new name each call: never cached
         "allreduce": lambda: hvd.allreduce(x, op=hvd.Sum, name="lat.out_of_place"),
         "allgather": lambda: hvd.allgather(x, name="lat.gather"),
         "broadcast": lambda: hvd.broadcast(x, root_rank=0, name="lat.broadcast"),

@@ -41,15 +41,24 @@ def _timed(comm: Any, fn: Callable[[], object]) -> float:
 def _many_small(comm: Any, repeats: int, count: int = 256, nbytes: int = 16 << 10) -> dict[str, Any]:
     """Row 1: `count` in-place async allreduces of `nbytes` each, then their synchronizes, against the same
     number of raw blocking Allreduce calls; median step times and the median per-repetition ratio, and the
-    caller's time per `allreduce_async_` call (this rank's submit loop over `count`: the per-call Python)."""
+    caller's time per `allreduce_async_` call (this rank's submit loop over `count`: the per-call Python),
+    named as a training loop names its tensors and, in extra steps outside the timed ones, unnamed."""
     tensors = [torch.full((nbytes // 4,), float(hvd.rank())) for _ in range(count)]
     arrays = [t.numpy() for t in tensors]
     submit_s: list[float] = []
+    unnamed_s: list[float] = []
 
     def ours() -> None:
         t0 = time.perf_counter()
         handles = [hvd.allreduce_async_(t, op=hvd.Sum, name=f"many.{i}") for i, t in enumerate(tensors)]
         submit_s.append(time.perf_counter() - t0)
+        for h in handles:
+            hvd.synchronize(h)
+
+    def ours_unnamed() -> None:
+        t0 = time.perf_counter()
+        handles = [hvd.allreduce_async_(t, op=hvd.Sum) for t in tensors]
+        unnamed_s.append(time.perf_counter() - t0)
         for h in handles:
             hvd.synchronize(h)
 
@@ -63,6 +72,8 @@ def _many_small(comm: Any, repeats: int, count: int = 256, nbytes: int = 16 << 1
     for i in range(3 * repeats):
         for name in ("ours", "raw") if i % 2 == 0 else ("raw", "ours"):
             (t_ours if name == "ours" else t_raw).append(_timed(comm, ours if name == "ours" else raw))
+    for _ in range(repeats + 1):
+        ours_unnamed()
     return {
         "many_small_median_ms": {
             "hpcring_async": round(1e3 * statistics.median(t_ours), 2),
@@ -71,6 +82,7 @@ def _many_small(comm: Any, repeats: int, count: int = 256, nbytes: int = 16 << 1
         "many_small_submit_us_per_call": round(
             1e6 * statistics.median(submit_s[1:]) / count, 2
         ),  # no warm-up
+        "many_small_submit_unnamed_us_per_call": round(1e6 * statistics.median(unnamed_s[1:]) / count, 2),
         "many_small_raw_over_hpcring": round(
             statistics.median(r / h for r, h in zip(t_raw, t_ours, strict=True)), 3
         ),

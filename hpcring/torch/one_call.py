@@ -55,6 +55,7 @@ def build_submitter(use_reader: bool = True) -> Any:
         sig_type=Signature,
         allreduce=OpType.ALLREDUCE,
         after_device=_after_device,
+        noname=op_handles._noname,
     )
 
 

@@ -73,6 +73,7 @@ class Submitter:
         after_device: Callable[[list[Handle]], None],
         reader: Any,
         scalar_types: tuple[tuple[str, int, int] | None, ...],
+        noname: dict[tuple[int, int, str], Any],
     ) -> None: ...
     def allreduce(
         self,

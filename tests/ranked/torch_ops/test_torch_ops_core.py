@@ -321,7 +321,7 @@ def test_allreduce_async_is_entered_in_c_and_reads_its_arguments_as_python_would
         lambda t: f(t, None, "entry.positional", hvd.Sum, 1.0, 1.0, ps),
         lambda t: f(t, name="entry.keywords", op=hvd.Sum),
         lambda t: f(tensor=t, op=hvd.Sum, name="entry.only.keywords", process_set=ps),
-        lambda t: f(t, op=hvd.Sum),  # unnamed: the Python path names it
+        lambda t: f(t, op=hvd.Sum),  # unnamed: numbered as the Python path numbers it
         lambda t: f(t, name="entry.int.factor", op=hvd.Sum, prescale_factor=2, postscale_factor=0.5),
     ]
     for call in calls:
@@ -337,3 +337,63 @@ def test_allreduce_async_is_entered_in_c_and_reads_its_arguments_as_python_would
         f()
     with pytest.raises(TypeError, match="positional arguments"):
         f(x, None, "entry.too.many", hvd.Sum, 1.0, 1.0, ps, None)
+
+
+def _python_calls(fn: Any, name: str) -> tuple[Any, int]:
+    """fn()'s result and how many times a Python function called `name` ran meanwhile."""
+    import sys
+
+    count = 0
+
+    def hook(frame: Any, event: str, arg: Any) -> None:
+        nonlocal count
+        if event == "call" and frame.f_code.co_name == name:
+            count += 1
+
+    sys.setprofile(hook)
+    try:
+        result = fn()
+    finally:
+        sys.setprofile(None)
+    return result, count
+
+
+def test_an_unnamed_allreduce_async_is_numbered_as_the_python_path_numbers_it(hvd: ModuleType) -> None:
+    """An unnamed `allreduce_async_` draws `allreduce.noname.<n>` from the one counter of the Python path:
+    taken in C (no Python call), left to Python before the draw (a strided tensor, an int factor), or left to
+    it after the draw (the drawn name already in flight, named so by the caller), each call takes the next
+    number, and the last one fails as the Python path fails it."""
+    from hpcring.torch import op_handles
+
+    n, r = hvd.size(), hvd.rank()
+    f = hvd.allreduce_async_
+    total = float(n * (n + 1) // 2)
+
+    def number(handle: int) -> int:
+        name = op_handles._handle_map[handle].handles[0].name
+        assert name.startswith("allreduce.noname.")
+        return int(name.rsplit(".", 1)[1])
+
+    t = torch.full((4,), float(r + 1))
+    h, python = _python_calls(lambda: f(t, op=hvd.Sum), "allreduce_async_")
+    first = number(h)
+    assert python == (0 if _submitter() is not None else 1)
+    hvd.synchronize(h)
+    wide = torch.full((4, 2), float(r + 1))
+    calls = [
+        lambda: f(torch.full((8,), float(r + 1)), op=hvd.Sum),  # the core
+        lambda: f(wide[:, 0], op=hvd.Sum),  # strided: Python, before the draw
+        lambda: f(torch.full((8,), float(r + 1)), op=hvd.Sum, prescale_factor=2),  # an int factor: Python
+        lambda: f(torch.full((8,), float(r + 1)), None, None, hvd.Sum),  # positional: the core
+    ]
+    handles = [call() for call in calls]
+    assert [number(h) for h in handles] == [first + 1, first + 2, first + 3, first + 4]
+    results = [hvd.synchronize(h) for h in handles]
+    assert [x.tolist()[0] for x in results] == [total, total, 2 * total, total]
+    held = f(torch.full((2,), float(r + 1)), name=f"noname.{first + 5}", op=hvd.Sum)
+    with pytest.raises(ValueError, match=rf"'allreduce\.noname\.{first + 5}' is already in flight"):
+        f(torch.ones(2), op=hvd.Sum)  # draws first + 5, the caller's name: refused as Python refuses it
+    assert hvd.synchronize(held).tolist() == [total, total]
+    last = f(torch.full((3,), float(r + 1)), op=hvd.Sum)
+    assert number(last) == first + 6
+    assert hvd.synchronize(last).tolist() == [total] * 3

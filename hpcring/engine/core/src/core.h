@@ -91,8 +91,10 @@ PyObject *core_pending_result(PendingObject *self, PyObject *results);
 
 int core_submit_init(void);
 int core_entry_init(void);
-/* Submitter.allreduce's 8 arguments: a handle, NotImplemented (a new reference) or NULL with an error. */
-PyObject *core_submit_allreduce(PyObject *submitter, PyObject *const *args);
+/* Submitter.allreduce's 8 arguments: a handle, NotImplemented (a new reference) or NULL with an error. With
+ * `drawn`, an unnamed call (name None) is numbered as op_handles._name numbers it, and the name drawn is left
+ * there (a new reference) for the Python path when the core then leaves the call to it. */
+PyObject *core_submit_allreduce(PyObject *submitter, PyObject *const *args, PyObject **drawn);
 int core_lone_init(void);
 extern PyTypeObject CoreLoneCycle_Type;
 

@@ -65,9 +65,19 @@ static PyObject *Entry_vectorcall(EntryObject *self, PyObject *const *args, size
     if (read_args(self, args, PyVectorcall_NARGS(nargsf), kwnames, v)) {
         /* Submitter.allreduce(tensor, output, name, op, average, pre, post, process_set), in place */
         PyObject *call[8] = {v[0], v[0], v[2], v[3], v[1], v[4], v[5], v[6]};
-        PyObject *handle = core_submit_allreduce(self->submitter, call);
-        if (handle != Py_NotImplemented) return handle; /* a handle, or NULL with the submit's error */
+        PyObject *drawn = NULL;
+        PyObject *handle = core_submit_allreduce(self->submitter, call, v[2] == Py_None ? &drawn : NULL);
+        if (handle != Py_NotImplemented) { /* a handle, or NULL with the submit's error */
+            Py_XDECREF(drawn);
+            return handle;
+        }
         Py_DECREF(handle);
+        if (drawn != NULL) { /* an unnamed call the core numbered: the Python path names it so */
+            PyObject *named[N_PARAMS] = {v[0], v[1], drawn, v[3], v[4], v[5], v[6]};
+            PyObject *r = PyObject_Vectorcall(self->fallback, named, N_PARAMS, NULL);
+            Py_DECREF(drawn);
+            return r;
+        }
     }
     return PyObject_Vectorcall(self->fallback, args, nargsf, kwnames);
 }

@@ -36,6 +36,7 @@ typedef struct {
     PyObject *after_device; /* op_handles._after_device */
     core_read_tensor_fn reader; /* the torch reader's (torch_reader.cpp), or NULL: torch's Python getters */
     PyObject *scalar_types; /* tuple: c10::ScalarType value -> a `dtypes` value, or None (the reader's map) */
+    PyObject *noname;       /* op_handles._noname: (generation, set id, op) -> itertools.count */
     /* what repeated calls reuse */
     PyObject *sigs;         /* dict: name -> the Signature last built for it */
     PyObject *last_op;      /* the op of the last call, and its name */
@@ -58,6 +59,7 @@ static PyObject *s_engine, *s_state, *s_lock, *s_sets, *s_wake, *s_put, *s_on_ho
 static PyObject *s_inflight, *s_incoming, *s_batch, *s_on, *s_set_id, *s_is_cpu, *s_layout, *s_requires_grad;
 static PyObject *s_is_contiguous, *s_dtype, *s_shape, *s_data_ptr, *s_prefix, *s_cpu;
 static PyObject *s_empty;
+static PyObject *s_generation, *s_allreduce_op, *count_type; /* "_generation", "allreduce", itertools.count */
 
 static int intern(PyObject **slot, const char *text) {
     *slot = PyUnicode_InternFromString(text);
@@ -76,9 +78,13 @@ int core_submit_init(void) {
         intern(&s_is_cpu, "is_cpu") || intern(&s_layout, "layout") || intern(&s_requires_grad, "requires_grad") ||
         intern(&s_is_contiguous, "is_contiguous") || intern(&s_dtype, "dtype") || intern(&s_shape, "shape") ||
         intern(&s_data_ptr, "data_ptr") ||
-        intern(&s_prefix, "allreduce.") || intern(&s_cpu, "cpu"))
+        intern(&s_prefix, "allreduce.") || intern(&s_cpu, "cpu") || intern(&s_generation, "_generation") ||
+        intern(&s_allreduce_op, "allreduce"))
         return -1;
-    return 0;
+    PyObject *itertools = PyImport_ImportModule("itertools");
+    count_type = itertools ? PyObject_GetAttrString(itertools, "count") : NULL;
+    Py_XDECREF(itertools);
+    return count_type == NULL ? -1 : 0;
 }
 
 #define NOT_HANDLED() Py_NewRef(Py_NotImplemented)
@@ -87,13 +93,14 @@ static int Submitter_init(SubmitterObject *self, PyObject *args, PyObject *kwds)
     static char *kwlist[] = {"basics",      "tls",          "defer",     "deferring", "handle_map",
                              "handle_ids",  "op_names",     "average_op", "adasum_name", "tensor_type",
                              "strided",     "set_type",     "dtypes",    "sig_type",  "allreduce",
-                             "after_device", "reader",      "scalar_types", NULL};
-    PyObject *v[16], *reader = NULL, *scalar_types = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "$OOOO!O!OO!OOOOOO!OOOOO!:Submitter", kwlist, &v[0], &v[1], &v[2],
-                                     &PyList_Type, &v[15], &PyDict_Type, &v[3], &v[4], &PyDict_Type, &v[5], &v[6],
-                                     &v[7], &v[8], &v[9], &v[10], &PyDict_Type, &v[11], &v[12], &v[13], &v[14],
-                                     &reader, &PyTuple_Type, &scalar_types))
+                             "after_device", "reader",      "scalar_types", "noname", NULL};
+    PyObject *v[16], *reader = NULL, *scalar_types = NULL, *noname = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "$OOOO!O!OO!OOOOOO!OOOOO!O!:Submitter", kwlist, &v[0], &v[1],
+                                     &v[2], &PyList_Type, &v[15], &PyDict_Type, &v[3], &v[4], &PyDict_Type, &v[5],
+                                     &v[6], &v[7], &v[8], &v[9], &v[10], &PyDict_Type, &v[11], &v[12], &v[13],
+                                     &v[14], &reader, &PyTuple_Type, &scalar_types, &PyDict_Type, &noname))
         return -1;
+    Py_XSETREF(self->noname, Py_NewRef(noname));
     self->reader = NULL;
     if (reader != Py_None) {
         self->reader = (core_read_tensor_fn)PyCapsule_GetPointer(reader, CORE_READER_CAPSULE);
@@ -140,6 +147,7 @@ static int Submitter_traverse(SubmitterObject *self, visitproc visit, void *arg)
     Py_VISIT(self->allreduce);
     Py_VISIT(self->after_device);
     Py_VISIT(self->scalar_types);
+    Py_VISIT(self->noname);
     Py_VISIT(self->sigs);
     Py_VISIT(self->last_op);
     Py_VISIT(self->last_op_name);
@@ -173,6 +181,7 @@ static int Submitter_clear(SubmitterObject *self) {
     Py_CLEAR(self->allreduce);
     Py_CLEAR(self->after_device);
     Py_CLEAR(self->scalar_types);
+    Py_CLEAR(self->noname);
     Py_CLEAR(self->sigs);
     Py_CLEAR(self->last_op);
     Py_CLEAR(self->last_op_name);
@@ -380,9 +389,9 @@ static int same_factor(PyObject *held, PyObject *given) {
  * with the same tensors step after step: the signature last built for `name` is reused when every field
  * agrees, which spares building the full name (and hashing it again for the in-flight table) and the tuple. */
 static PyObject *signature_for(SubmitterObject *self, PyObject *name, const ReadInfo *info, PyObject *op_name,
-                               PyObject *pre, PyObject *post) {
+                               PyObject *pre, PyObject *post, int drawn) {
     PyObject *dtype = info->dtype_name;
-    PyObject *sig = PyDict_GetItemWithError(self->sigs, name); /* borrowed */
+    PyObject *sig = drawn ? NULL : PyDict_GetItemWithError(self->sigs, name); /* borrowed */
     if (sig != NULL && PyTuple_GET_ITEM(sig, 2) == dtype && PyTuple_GET_ITEM(sig, 4) == op_name &&
         same_factor(PyTuple_GET_ITEM(sig, 6), pre) && same_factor(PyTuple_GET_ITEM(sig, 7), post) &&
         same_shape(PyTuple_GET_ITEM(sig, 3), info))
@@ -393,11 +402,41 @@ static PyObject *signature_for(SubmitterObject *self, PyObject *name, const Read
     sig = full ? new_signature(self, full, dtype, shape, op_name, pre, post) : NULL;
     Py_XDECREF(shape);
     Py_XDECREF(full);
-    if (sig == NULL) return NULL;
+    if (sig == NULL || drawn) return sig; /* a drawn name is never submitted again */
     /* bounded: a loop that invents a name per call must not grow it without end */
     if (PyDict_GET_SIZE(self->sigs) >= 4096) PyDict_Clear(self->sigs);
     if (PyDict_SetItem(self->sigs, name, sig) < 0) Py_CLEAR(sig);
     return sig;
+}
+
+/* The next `noname.<n>` of this set's unnamed allreduces (a new reference), as op_handles._name draws it: one
+ * itertools.count per (init generation, set id, op), shared with the Python path, so the ranks number their
+ * unnamed ops alike whichever path each call takes. No Python code runs between the look-up and the draw. */
+static PyObject *draw_noname(SubmitterObject *self, PyObject *set_id) {
+    PyObject *generation = self->basics_dict ? Py_XNewRef(PyDict_GetItemWithError(self->basics_dict, s_generation))
+                                             : PyObject_GetAttr(self->basics, s_generation);
+    if (generation == NULL) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "submit: basics has no _generation");
+        return NULL;
+    }
+    PyObject *key = PyTuple_Pack(3, generation, set_id, s_allreduce_op);
+    Py_DECREF(generation);
+    if (key == NULL) return NULL;
+    PyObject *counter = PyDict_GetItemWithError(self->noname, key); /* borrowed */
+    if (counter == NULL && !PyErr_Occurred()) {
+        PyObject *fresh = PyObject_CallNoArgs(count_type);
+        counter = fresh ? PyDict_SetDefault(self->noname, key, fresh) : NULL;
+        Py_XDECREF(fresh);
+    }
+    Py_DECREF(key);
+    PyObject *n = counter ? PyIter_Next(counter) : NULL;
+    if (n == NULL) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "submit: the noname counter ended");
+        return NULL;
+    }
+    PyObject *name = PyUnicode_FromFormat("noname.%S", n);
+    Py_DECREF(n);
+    return name;
 }
 
 /* The set state's `inflight` dict and `incoming` list (borrowed): SetState never replaces them, so those of the
@@ -488,13 +527,13 @@ static int current_engine(SubmitterObject *self) {
     return rc;
 }
 
-static PyObject *Submitter_allreduce(SubmitterObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 8) {
-        PyErr_SetString(PyExc_TypeError, "allreduce(tensor, output, name, op, average, pre, post, process_set)");
-        return NULL;
-    }
+/* Submitter.allreduce's work. `drawn`: NULL, or where an unnamed call's drawn name goes (a new reference) once
+ * it is drawn, which is after every check that hands the call to Python: the Python path then gets that name
+ * (entry.c), so each call draws one number whichever path takes it. */
+static PyObject *submit_allreduce(SubmitterObject *self, PyObject *const *args, PyObject **drawn) {
     PyObject *tensor = args[0], *output = args[1], *name = args[2], *ps = args[7];
-    if (Py_TYPE(tensor) != (PyTypeObject *)self->tensor_type || !PyUnicode_CheckExact(name) ||
+    int unnamed = name == Py_None && drawn != NULL;
+    if (Py_TYPE(tensor) != (PyTypeObject *)self->tensor_type || !(unnamed || PyUnicode_CheckExact(name)) ||
         Py_TYPE(ps) != (PyTypeObject *)self->set_type ||
         (output != tensor && Py_TYPE(output) != (PyTypeObject *)self->tensor_type))
         return NOT_HANDLED();
@@ -523,11 +562,15 @@ static PyObject *Submitter_allreduce(SubmitterObject *self, PyObject *const *arg
             rc = 0;
     }
     if (rc != 1) goto other;
+    if (unnamed) {
+        name = *drawn = draw_noname(self, set_id);
+        if (name == NULL) goto done;
+    }
     CoreMemory *mem = &info.mem;
     mem->src_base = tensor;
     mem->dst_base = output == tensor ? NULL : output;
     mem->dst = output == tensor ? mem->src : oinfo.mem.src;
-    sig = signature_for(self, name, &info, op_name, args[5], args[6]);
+    sig = signature_for(self, name, &info, op_name, args[5], args[6], unnamed);
     PyObject *full = sig ? PyTuple_GET_ITEM(sig, 0) : NULL; /* borrowed */
     handle = full ? core_handle_new(full) : NULL;
     req = handle ? (PyObject *)core_request_lazy(sig, set_id, mem, handle) : NULL;
@@ -561,8 +604,16 @@ done:
     return result;
 }
 
-PyObject *core_submit_allreduce(PyObject *submitter, PyObject *const *args) {
-    return Submitter_allreduce((SubmitterObject *)submitter, args, 8);
+static PyObject *Submitter_allreduce(SubmitterObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "allreduce(tensor, output, name, op, average, pre, post, process_set)");
+        return NULL;
+    }
+    return submit_allreduce(self, args, NULL);
+}
+
+PyObject *core_submit_allreduce(PyObject *submitter, PyObject *const *args, PyObject **drawn) {
+    return submit_allreduce((SubmitterObject *)submitter, args, drawn);
 }
 
 /* group(delta): a grouped call on some thread starts (+1) or ends (-1); while none is open, submit does not
