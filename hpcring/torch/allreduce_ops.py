@@ -133,9 +133,11 @@ def allreduce_async(
     if SUBMITTER is not None and type(tensor) is TENSOR and tensor.is_cpu and tensor.layout is _STRIDED:
         output = fresh_output(tensor)  # the one-call path, as in allreduce_async_; kept if it declines
         handle = SUBMITTER.allreduce(
-            tensor, output, name, op, average, prescale_factor, postscale_factor, process_set
+            tensor, output, name, op, average, prescale_factor, postscale_factor, process_set, True
         )
-        if handle is not NotImplemented:
+        if type(handle) is str:  # unnamed, numbered by the core, then left to this path: keep its number
+            name = handle
+        elif handle is not NotImplemented:
             return handle  # type: ignore[no-any-return]
     op = handle_average_backwards_compatibility(op, average)
     try:

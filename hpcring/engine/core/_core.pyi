@@ -85,6 +85,7 @@ class Submitter:
         pre: Any,
         post: Any,
         process_set: Any,
+        draw: bool = False,
         /,
     ) -> Any: ...
     def synchronize(self, handle: Any, /) -> Any: ...

@@ -362,7 +362,8 @@ def test_an_unnamed_allreduce_async_is_numbered_as_the_python_path_numbers_it(hv
     """An unnamed `allreduce_async_` draws `allreduce.noname.<n>` from the one counter of the Python path:
     taken in C (no Python call), left to Python before the draw (a strided tensor, an int factor), or left to
     it after the draw (the drawn name already in flight, named so by the caller), each call takes the next
-    number, and the last one fails as the Python path fails it."""
+    number, and the one whose number is taken fails as the Python path fails it. The same for the out-of-place
+    `allreduce_async` and the synchronous `allreduce` over it."""
     from hpcring.torch import op_handles
 
     n, r = hvd.size(), hvd.rank()
@@ -397,3 +398,16 @@ def test_an_unnamed_allreduce_async_is_numbered_as_the_python_path_numbers_it(hv
     last = f(torch.full((3,), float(r + 1)), op=hvd.Sum)
     assert number(last) == first + 6
     assert hvd.synchronize(last).tolist() == [total] * 3
+    # out of place: allreduce_async draws the same way, and allreduce (synchronous) through it
+    x = torch.full((3,), float(r + 1))
+    out = hvd.allreduce_async(x, op=hvd.Sum)
+    assert number(out) == first + 7
+    assert hvd.synchronize(out).tolist() == [total] * 3 and x.tolist() == [float(r + 1)] * 3
+    held = hvd.allreduce_async(torch.full((2,), float(r + 1)), name=f"noname.{first + 8}", op=hvd.Sum)
+    with pytest.raises(ValueError, match=rf"'allreduce\.noname\.{first + 8}' is already in flight"):
+        hvd.allreduce_async(torch.ones(2), op=hvd.Sum)
+    assert hvd.synchronize(held).tolist() == [total, total]
+    assert hvd.allreduce(x, op=hvd.Sum).tolist() == [total] * 3  # takes first + 9
+    after = f(torch.full((1,), float(r + 1)), op=hvd.Sum)
+    assert number(after) == first + 10
+    assert hvd.synchronize(after).tolist() == [total]

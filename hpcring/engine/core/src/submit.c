@@ -604,12 +604,25 @@ done:
     return result;
 }
 
+/* allreduce(tensor, output, name, op, average, pre, post, process_set, draw=False): a handle, NotImplemented, or
+ * with `draw` and no name, the name drawn when the call is left to Python after the draw (its caller passes it
+ * on, as the Entry does). */
 static PyObject *Submitter_allreduce(SubmitterObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 8) {
-        PyErr_SetString(PyExc_TypeError, "allreduce(tensor, output, name, op, average, pre, post, process_set)");
+    if (nargs != 8 && nargs != 9) {
+        PyErr_SetString(PyExc_TypeError,
+                        "allreduce(tensor, output, name, op, average, pre, post, process_set, draw=False)");
         return NULL;
     }
-    return submit_allreduce(self, args, NULL);
+    int draw = nargs == 9 ? PyObject_IsTrue(args[8]) : 0;
+    if (draw < 0) return NULL;
+    PyObject *drawn = NULL;
+    PyObject *result = submit_allreduce(self, args, draw ? &drawn : NULL);
+    if (result != Py_NotImplemented || drawn == NULL) {
+        Py_XDECREF(drawn);
+        return result;
+    }
+    Py_DECREF(result);
+    return drawn;
 }
 
 PyObject *core_submit_allreduce(PyObject *submitter, PyObject *const *args, PyObject **drawn) {
@@ -690,7 +703,8 @@ static PyMemberDef Submitter_members[] = {
 
 static PyMethodDef Submitter_methods[] = {
     {"allreduce", (PyCFunction)(void (*)(void))Submitter_allreduce, METH_FASTCALL,
-     "Submit a host allreduce; the handle, or NotImplemented when the Python path must take it."},
+     "Submit a host allreduce; the handle, or NotImplemented when the Python path must take it (with draw=True\n"
+     "and no name, the name drawn instead when the Python path must take it after the draw)."},
     {"group", (PyCFunction)Submitter_group, METH_O,
      "A grouped call starts (1) or ends (-1) on some thread: submit reads the thread's batch only while one is open."},
     {"synchronize", (PyCFunction)Submitter_synchronize, METH_O,
