@@ -2,10 +2,11 @@
 
     hpcring run -np 2 -- python benchmarks/bench_torch_latency.py --ops 2000
 
-Per op (4-byte float32: `allreduce_` in place, named and unnamed, `allreduce` out of place, `allgather`,
-`broadcast`), the median of `--ops` back-to-back calls on rank 0 after a warm-up (no barrier between calls,
-as a training loop calls them), in microseconds. Only the public API is used, so the same script times any
-version of the code (`PYTHONPATH` pointing at another checkout) in the same sitting.
+Per op (4-byte float32: `allreduce_` in place, named and unnamed, `allreduce` out of place,
+`synchronize(allreduce_async_(...))`, `allgather`, `broadcast`), the median of `--ops` back-to-back calls on
+rank 0 after a warm-up (no barrier between calls, as a training loop calls them), in microseconds. Only the
+public API is used, so the same script times any version of the code (`PYTHONPATH` pointing at another
+checkout) in the same sitting.
 
 On a machine shared with other jobs a rank that loses its core for a while turns a run's median into the
 time of a descheduled peer, so each op also reports `quiet`: the lowest median of its calls taken in windows
@@ -62,6 +63,8 @@ def main() -> None:
         "allreduce_": lambda: hvd.allreduce_(x, op=hvd.Sum, name="lat.in_place"),
         "allreduce_unnamed": lambda: hvd.allreduce_(x, op=hvd.Sum),  # a new name each call: never cached
         "allreduce": lambda: hvd.allreduce(x, op=hvd.Sum, name="lat.out_of_place"),
+        # Horovod's async idiom, waited for at once: the waiter runs a lone op's cycle itself
+        "async_synchronize": lambda: hvd.synchronize(hvd.allreduce_async_(x, op=hvd.Sum, name="lat.async")),
         "allgather": lambda: hvd.allgather(x, name="lat.gather"),
         "broadcast": lambda: hvd.broadcast(x, root_rank=0, name="lat.broadcast"),
     }

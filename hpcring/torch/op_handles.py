@@ -150,6 +150,8 @@ def synchronize(handle: Any) -> Any:
     if pending is None:
         return None
     handles = pending.handles
+    if len(handles) == 1 and not handles[0].done():
+        _run_inline(handles[0])
     results = [h.wait() for h in handles]
     if len(handles) == 1:  # one op: a plain check
         if handles[0].event is not None:
@@ -160,6 +162,15 @@ def synchronize(handle: Any) -> Any:
 
 
 _EVENT = operator.attrgetter("event")
+
+
+def _run_inline(handle: Handle) -> None:
+    """A lone request's waiter runs its cycle itself when `run_inline`'s checks allow it, as a synchronous
+    op's does (`wait_now`), instead of sleeping until the engine thread has taken the GIL and run it (the
+    submit woke that thread, which then finds nothing to do)."""
+    engine = basics._engine
+    if engine is not None:
+        engine.run_inline(handle)
 
 
 def _after_device(handles: list[Handle]) -> None:

@@ -8,6 +8,7 @@ turns and check the results from rank and size, so the file passes on both paths
 
 from __future__ import annotations
 
+import sys
 import time
 from types import ModuleType
 
@@ -82,6 +83,41 @@ def test_integer_ops_through_the_core(hvd: ModuleType, dtype: torch.dtype, op: s
         x = torch.full((5,), r + 1, dtype=dtype)
         hvd.allreduce_(x, name=f"lone.int.{dtype}.{op}", op=getattr(hvd, op))
         assert x.tolist() == [expect(n)] * 5  # type: ignore[operator]
+
+
+def test_synchronize_runs_a_lone_async_ops_cycle_on_the_waiting_thread(hvd: ModuleType) -> None:
+    """`synchronize` of a lone async op runs its cycle on the waiting thread, as a synchronous op's wait
+    does, instead of sleeping until the engine thread has taken the GIL and run it. The switch interval is
+    long, so the engine thread runs Python only when this thread lets the GIL go: on one rank, where the
+    plain cycle never does, every wait is inline; with peers, waits that find the engine thread holding the
+    cycle lock block as before. In place and out of place, with the results from rank and size."""
+    n, r = hvd.size(), hvd.rank()
+    state = basics.engine()._state
+    for name in ("lone.async.ip", "lone.async.oop"):  # cached: from now on each cycle is the plain one
+        hvd.allreduce(torch.ones(5), name=name, op=hvd.Sum)
+    time.sleep(0.05)  # the engine thread settles: any wake-up it was sent is spent
+    before = int(state.stats["inline"])
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1.0)
+    try:
+        for step in range(20):
+            x = torch.full((5,), float(r + step))
+            if step % 2:
+                out = hvd.synchronize(hvd.allreduce_async_(x, name="lone.async.ip", op=hvd.Sum))
+                assert out is x
+            else:
+                out = hvd.synchronize(hvd.allreduce_async(x, name="lone.async.oop", op=hvd.Sum))
+                assert out is not x and x.tolist() == [float(r + step)] * 5
+            assert out.tolist() == [float(n * step + n * (n - 1) // 2)] * 5
+    finally:
+        sys.setswitchinterval(old)
+    inline = int(state.stats["inline"]) - before
+    if state.timeline is not None:  # nothing runs inline while a timeline records
+        assert inline == 0
+    elif n == 1 and _compiled():
+        assert inline == 20
+    else:
+        assert inline > 0
 
 
 def test_a_late_peer_takes_the_agreement_back_to_python(hvd: ModuleType) -> None:

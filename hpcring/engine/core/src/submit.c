@@ -48,6 +48,7 @@ typedef struct {
     PyObject *lock;
     PyObject *sets;
     PyObject *put;
+    PyObject *run_inline;      /* the engine's run_inline, or NULL when it has none */
     PyObject *last_set;        /* the set state last queued on, its `inflight` and `incoming` (never replaced) */
     PyObject *last_inflight;
     PyObject *last_incoming;
@@ -58,7 +59,7 @@ typedef struct {
 static PyObject *s_engine, *s_state, *s_lock, *s_sets, *s_wake, *s_put, *s_on_host, *s_closed;
 static PyObject *s_inflight, *s_incoming, *s_batch, *s_on, *s_set_id, *s_is_cpu, *s_layout, *s_requires_grad;
 static PyObject *s_is_contiguous, *s_dtype, *s_shape, *s_data_ptr, *s_prefix, *s_cpu;
-static PyObject *s_empty;
+static PyObject *s_empty, *s_run_inline_name;
 static PyObject *s_generation, *s_allreduce_op, *count_type; /* "_generation", "allreduce", itertools.count */
 
 static int intern(PyObject **slot, const char *text) {
@@ -79,7 +80,7 @@ int core_submit_init(void) {
         intern(&s_is_contiguous, "is_contiguous") || intern(&s_dtype, "dtype") || intern(&s_shape, "shape") ||
         intern(&s_data_ptr, "data_ptr") ||
         intern(&s_prefix, "allreduce.") || intern(&s_cpu, "cpu") || intern(&s_generation, "_generation") ||
-        intern(&s_allreduce_op, "allreduce"))
+        intern(&s_allreduce_op, "allreduce") || intern(&s_run_inline_name, "run_inline"))
         return -1;
     PyObject *itertools = PyImport_ImportModule("itertools");
     count_type = itertools ? PyObject_GetAttrString(itertools, "count") : NULL;
@@ -124,6 +125,7 @@ static void clear_binding(SubmitterObject *self) {
     Py_CLEAR(self->lock);
     Py_CLEAR(self->sets);
     Py_CLEAR(self->put);
+    Py_CLEAR(self->run_inline);
     Py_CLEAR(self->last_set);
     Py_CLEAR(self->last_inflight);
     Py_CLEAR(self->last_incoming);
@@ -156,6 +158,7 @@ static int Submitter_traverse(SubmitterObject *self, visitproc visit, void *arg)
     Py_VISIT(self->lock);
     Py_VISIT(self->sets);
     Py_VISIT(self->put);
+    Py_VISIT(self->run_inline);
     Py_VISIT(self->last_set);
     Py_VISIT(self->last_inflight);
     Py_VISIT(self->last_incoming);
@@ -209,6 +212,11 @@ static int bind_engine(SubmitterObject *self, PyObject *engine) {
     if (self->put == NULL) goto fail;
     self->on_host = PyObject_IsTrue(on_host);
     if (self->on_host < 0) goto fail;
+    self->run_inline = PyObject_GetAttr(engine, s_run_inline_name);
+    if (self->run_inline == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError)) goto fail;
+        PyErr_Clear(); /* an engine without it: synchronize only waits */
+    }
     self->state = state;
     self->engine = Py_NewRef(engine);
     Py_DECREF(wake);
@@ -511,20 +519,22 @@ static PyObject *plain_op(SubmitterObject *self, PyObject *op, PyObject *average
     return op_name;
 }
 
-/* The engine to queue on, bound; NULL without error when there is none or it does not take host tensors. */
-static int current_engine(SubmitterObject *self) {
+/* basics._engine, bound: 1, or 0 when there is none; -1 error. */
+static int bound_engine(SubmitterObject *self) {
     PyObject *engine = self->basics_dict ? PyDict_GetItemWithError(self->basics_dict, s_engine) : NULL;
     if (engine != NULL) Py_INCREF(engine);
     else if (!PyErr_Occurred()) engine = PyObject_GetAttr(self->basics, s_engine); /* not a module, or unset */
     if (engine == NULL) return -1;
-    int rc = 0;
-    if (engine != Py_None) {
-        rc = 1;
-        if (engine != self->engine && bind_engine(self, engine) < 0) rc = -1;
-        if (rc == 1 && !self->on_host) rc = 0;
-    }
+    int rc = engine != Py_None;
+    if (rc == 1 && engine != self->engine && bind_engine(self, engine) < 0) rc = -1;
     Py_DECREF(engine);
     return rc;
+}
+
+/* The engine to queue on, bound: 1, or 0 when there is none or it does not take host tensors; -1 error. */
+static int current_engine(SubmitterObject *self) {
+    int rc = bound_engine(self);
+    return rc == 1 && !self->on_host ? 0 : rc;
 }
 
 /* Submitter.allreduce's work. `drawn`: NULL, or where an unnamed call's drawn name goes (a new reference) once
@@ -643,6 +653,19 @@ static PyObject *Submitter_group(SubmitterObject *self, PyObject *delta) {
 }
 
 /* synchronize(handle): the op's result; its error raised; None for an unknown handle (Horovod's). */
+/* A lone request's waiter runs its cycle itself when run_inline's checks allow it, as a synchronous op's does,
+ * instead of sleeping until the engine thread has taken the GIL and run it (the submit woke that thread, which
+ * then finds nothing to do). */
+static int run_inline(SubmitterObject *self, HandleObject *h) {
+    /* A first look without a call: others in flight on the set last queued on (a step's gradients) */
+    if (self->last_inflight != NULL && PyDict_GET_SIZE(self->last_inflight) > 1) return 0;
+    int rc = bound_engine(self);
+    if (rc != 1 || self->run_inline == NULL) return rc < 0 ? -1 : 0;
+    PyObject *r = PyObject_CallOneArg(self->run_inline, (PyObject *)h);
+    Py_XDECREF(r);
+    return r == NULL ? -1 : 0;
+}
+
 static PyObject *Submitter_synchronize(SubmitterObject *self, PyObject *handle) {
     if (!PyLong_CheckExact(handle)) return NOT_HANDLED();
     PyObject *pending = PyDict_GetItemWithError(self->handle_map, handle);
@@ -669,6 +692,10 @@ static PyObject *Submitter_synchronize(SubmitterObject *self, PyObject *handle) 
         HandleObject *h = (HandleObject *)PySequence_Fast_GET_ITEM(handles, i);
         if (Py_TYPE(h) != &CoreHandle_Type) {
             PyErr_SetString(PyExc_TypeError, "synchronize: a pending handle is not a Handle");
+            Py_CLEAR(results);
+            break;
+        }
+        if (n == 1 && !h->done && run_inline(self, h) < 0) {
             Py_CLEAR(results);
             break;
         }
