@@ -652,7 +652,6 @@ static PyObject *Submitter_group(SubmitterObject *self, PyObject *delta) {
     Py_RETURN_NONE;
 }
 
-/* synchronize(handle): the op's result; its error raised; None for an unknown handle (Horovod's). */
 /* A lone request's waiter runs its cycle itself when run_inline's checks allow it, as a synchronous op's does,
  * instead of sleeping until the engine thread has taken the GIL and run it (the submit woke that thread, which
  * then finds nothing to do). */
@@ -666,6 +665,7 @@ static int run_inline(SubmitterObject *self, HandleObject *h) {
     return r == NULL ? -1 : 0;
 }
 
+/* synchronize(handle): the op's result; its error raised; None for an unknown handle (Horovod's). */
 static PyObject *Submitter_synchronize(SubmitterObject *self, PyObject *handle) {
     if (!PyLong_CheckExact(handle)) return NOT_HANDLED();
     PyObject *pending = PyDict_GetItemWithError(self->handle_map, handle);
