@@ -186,7 +186,10 @@ class Negotiator:
         for req in mine:
             if req.sig.op_type is not _JOIN:
                 st.announced[req.sig.name] = req
-        gathered: list[list[tuple[Signature, float]]] = st.comm.allgather(payload)
+        # A set of one gathers its own list: no pickling round trip (the signatures are immutable tuples).
+        gathered: list[list[tuple[Signature, float]]] = (
+            [payload] if st.size == 1 else st.comm.allgather(payload)
+        )
         for r, items in enumerate(gathered):
             for sig, waited in items:
                 if sig.op_type is _JOIN:
