@@ -156,10 +156,9 @@ int lone_waiter_alone(LoneObject *self, PyObject *handle) {
         PyObject *tensor = r->tensor;
         if (core_request_unviewed(r)) {
             ok = r->mem.nbytes <= INLINE_MAX_BYTES;
-        } else if (tensor == NULL) { /* cleared: not a request to run */
-        } else if (PyArray_Check(tensor)) {
+        } else if (tensor != NULL && PyArray_Check(tensor)) { /* NULL: cleared, not a request to run */
             ok = PyArray_NBYTES((PyArrayObject *)tensor) <= INLINE_MAX_BYTES;
-        } else {
+        } else if (tensor != NULL) {
             PyObject *nbytes = PyObject_GetAttr(tensor, s_nbytes);
             if (nbytes == NULL) {
                 if (!PyErr_ExceptionMatches(PyExc_AttributeError)) goto error;
