@@ -179,8 +179,8 @@ def test_a_name_used_again_with_other_fields_gets_them(hvd: ModuleType) -> None:
 
 
 def test_a_grouped_call_reads_the_batch_only_while_one_is_open(hvd: ModuleType) -> None:
-    """Members of a grouped call join its batch (the Python path), and once it ends, or fails, single calls
-    are the core's again."""
+    """Members of a grouped call join its batch, and once it ends, or fails, single calls are queued by the
+    core again."""
     n, r = hvd.size(), hvd.rank()
     sub = _submitter()
     xs = [torch.full((3,), float(r + i)) for i in range(4)]
@@ -262,6 +262,41 @@ def test_both_ways_of_reading_a_tensor_take_and_decline_the_same(hvd: ModuleType
             assert sub.allreduce(x, x, f"core.{way}.no", hvd.Sum, None, 1.0, 1.0, ps) is NotImplemented
         x, wrong = torch.ones(4), torch.empty(5)  # an output of another shape: the Python path words it
         assert sub.allreduce(x, wrong, f"core.{way}.out", hvd.Sum, None, 1.0, 1.0, ps) is NotImplemented
+
+
+def test_the_members_of_a_grouped_call_join_its_batch_through_the_core(hvd: ModuleType) -> None:
+    """A grouped call's members go through the core's submit into the thread's batch, which the group queues
+    at once: a member the core declines (a strided tensor) takes the Python path into the same batch, the
+    others make no Python call; nothing is queued before the group is whole, and the results come from rank
+    and size, out of place and in place."""
+    from hpcring.torch import basics
+
+    n, r = hvd.size(), hvd.rank()
+    core = _submitter() is not None
+    engine = basics._engine
+    plain = [torch.full((4,), float(r + i)) for i in range(3)]
+    strided = torch.full((4, 2), float(r + 3)).t()  # not contiguous: the Python path's
+    members = [*plain, strided]
+    with engine._caller.lock:  # no cycle runs meanwhile: the group's requests stay queued
+        handle, python = _python_calls(
+            lambda: hvd.grouped_allreduce_async(members, name="core.batch", op=hvd.Sum), "_allreduce_async"
+        )
+        assert python == (1 if core else 4)
+        inflight = engine._state.sets[0].inflight
+        assert all(f"allreduce.core.batch.{i}" in inflight for i in range(4))
+    out = hvd.synchronize(handle)
+    base = n * (n - 1) // 2
+    assert [t.tolist() for t in out[:3]] == [[float(base + n * i)] * 4 for i in range(3)]
+    assert out[3].tolist() == [[float(base + n * 3)] * 4] * 2
+    assert [t.tolist() for t in plain] == [[float(r + i)] * 4 for i in range(3)]  # the inputs untouched
+    inplace = [torch.full((4,), float(r + i)) for i in range(3)]
+    h, python = _python_calls(
+        lambda: hvd.grouped_allreduce_async_(inplace, name="core.batch.ip", op=hvd.Sum), "_allreduce_async"
+    )
+    assert python == (0 if core else 3)
+    back = hvd.synchronize(h)
+    assert all(b is t for b, t in zip(back, inplace, strict=True))
+    assert [t.tolist() for t in inplace] == [[float(base + n * i)] * 4 for i in range(3)]
 
 
 def test_a_request_views_its_tensors_only_when_python_reads_them(hvd: ModuleType) -> None:

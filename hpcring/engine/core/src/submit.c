@@ -551,14 +551,21 @@ static PyObject *submit_allreduce(SubmitterObject *self, PyObject *const *args, 
     if (op_name == NULL) return PyErr_Occurred() ? NULL : NOT_HANDLED();
     int have = current_engine(self);
     if (have != 1) return have < 0 ? NULL : NOT_HANDLED();
-    if (self->groups_open > 0) { /* a grouped call is being built somewhere: is it on this thread? */
-        PyObject *batch = PyObject_GetAttr(self->tls, s_batch);
+    PyObject *batch = NULL; /* the grouped call being built on this thread: its requests go there */
+    if (self->groups_open > 0) { /* one is being built somewhere: is it on this thread? */
+        batch = PyObject_GetAttr(self->tls, s_batch);
         if (batch == NULL) return NULL;
-        Py_DECREF(batch);
-        if (batch != Py_None) return NOT_HANDLED();
+        if (batch == Py_None) Py_CLEAR(batch);
+        else if (!PyList_CheckExact(batch)) {
+            Py_DECREF(batch);
+            return NOT_HANDLED();
+        }
     }
     PyObject *set_id = PyObject_GetAttr(ps, s_set_id);
-    if (set_id == NULL) return NULL;
+    if (set_id == NULL) {
+        Py_XDECREF(batch);
+        return NULL;
+    }
     PyObject *result = NULL, *sig = NULL;
     PyObject *req = NULL, *hid = NULL, *pending = NULL, *handles = NULL;
     HandleObject *handle = NULL;
@@ -585,7 +592,8 @@ static PyObject *submit_allreduce(SubmitterObject *self, PyObject *const *args, 
     handle = full ? core_handle_new(full) : NULL;
     req = handle ? (PyObject *)core_request_lazy(sig, set_id, mem, handle) : NULL;
     if (req == NULL) goto done;
-    int queued = queue_request(self, set_id, full, req);
+    /* In a group, _submit_group queues the whole batch at once (Engine.submit_many), as _queue leaves it. */
+    int queued = batch == NULL ? queue_request(self, set_id, full, req) : PyList_Append(batch, req) < 0 ? -1 : 1;
     if (queued < 1) goto other;
     /* The engine thread looks at `incoming` under the lock before it waits, and empties it whole: a request
      * queued behind others finds the token of the first one's submit still to come, or the thread awake. */
@@ -604,6 +612,7 @@ other:
 not_handled:
     result = NOT_HANDLED();
 done:
+    Py_XDECREF(batch);
     Py_XDECREF(set_id);
     Py_XDECREF(sig);
     Py_XDECREF((PyObject *)handle);
