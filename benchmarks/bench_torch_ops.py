@@ -3,7 +3,8 @@
     hpcring run -np 2 -- python benchmarks/bench_torch_ops.py --size 64M --repeats 9
 
 1. Many small tensors: 256 x 16 KiB float32, `allreduce_async_` on each then `synchronize` on each, against
-   256 raw `comm.Allreduce` calls on the same arrays (ratio raw / hpcring: > 1 means hpcring is faster).
+   256 raw `comm.Allreduce` calls on the same arrays (ratio raw / hpcring: > 1 means hpcring is faster);
+   also the same 256 as one `grouped_allreduce_async_` (Horovod's grouped call) and its `synchronize`.
 2. Out of place, `--size` bytes of float32. Per repetition, in alternating order: `hvd.allreduce(x)` (a
    new output tensor every call, as a user gets), `hvd.allreduce_(x)` (in place), raw
    `comm.Allreduce(x, out)` into a new numpy array every call (the allocation the out-of-place op pays)
@@ -62,23 +63,38 @@ def _many_small(comm: Any, repeats: int, count: int = 256, nbytes: int = 16 << 1
         for h in handles:
             hvd.synchronize(h)
 
+    def grouped() -> None:
+        t0 = time.perf_counter()
+        handle = hvd.grouped_allreduce_async_(tensors, op=hvd.Sum, name="many.grouped")
+        grouped_s.append(time.perf_counter() - t0)
+        hvd.synchronize(handle)
+
     def raw() -> None:
         for a in arrays:
             comm.Allreduce(MPI.IN_PLACE, a, op=MPI.SUM)
 
-    ours()
-    raw()
-    t_ours, t_raw = [], []
+    grouped_s: list[float] = []
+    runs: dict[str, Callable[[], None]] = {"ours": ours, "raw": raw, "grouped": grouped}
+    for fn in runs.values():
+        fn()
+    times: dict[str, list[float]] = {name: [] for name in runs}
     for i in range(3 * repeats):
-        for name in ("ours", "raw") if i % 2 == 0 else ("raw", "ours"):
-            (t_ours if name == "ours" else t_raw).append(_timed(comm, ours if name == "ours" else raw))
+        order = list(runs) if i % 2 == 0 else list(reversed(runs))
+        for name in order:
+            times[name].append(_timed(comm, runs[name]))
     for _ in range(repeats + 1):
         ours_unnamed()
+    t_ours, t_raw, t_grouped = times["ours"], times["raw"], times["grouped"]
     return {
         "many_small_median_ms": {
             "hpcring_async": round(1e3 * statistics.median(t_ours), 2),
+            "hpcring_grouped": round(1e3 * statistics.median(t_grouped), 2),
             "raw_loop": round(1e3 * statistics.median(t_raw), 2),
         },
+        "many_small_grouped_submit_us_per_tensor": round(1e6 * statistics.median(grouped_s[1:]) / count, 2),
+        "many_small_raw_over_grouped": round(
+            statistics.median(r / g for r, g in zip(t_raw, t_grouped, strict=True)), 3
+        ),
         "many_small_submit_us_per_call": round(
             1e6 * statistics.median(submit_s[1:]) / count, 2
         ),  # no warm-up
