@@ -52,14 +52,16 @@ setup() {
   fi
   local missing=()
   for tool in podman runc mmdebstrap; do command -v "$tool" >/dev/null || missing+=("$tool"); done
-  # netavark + aardvark-dns: podman networks with DNS for container names and aliases (the MPIJob pod test).
+  # netavark + aardvark-dns: podman networks with DNS for container names and aliases (the MPIJob pod test);
+  # netavark sets a network's NAT and forwarding rules with iptables, which a minimal Debian lacks.
   [ -x /usr/lib/podman/netavark ] || missing+=(netavark aardvark-dns)
+  command -v iptables >/dev/null || missing+=(iptables)
   if [ ${#missing[@]} -gt 0 ]; then
     log "apt-get install ${missing[*]}"
     local t0=$SECONDS
     DEBIAN_FRONTEND=noninteractive apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends podman runc mmdebstrap \
-      uidmap fuse-overlayfs netavark aardvark-dns >/dev/null
+      uidmap fuse-overlayfs netavark aardvark-dns iptables >/dev/null
     log "installed podman $(podman --version | awk '{print $3}') in $((SECONDS - t0)) s"
   fi
   mkdir -p "$DIR"
