@@ -744,7 +744,8 @@ static PyMethodDef Submitter_methods[] = {
     {"group", (PyCFunction)Submitter_group, METH_O,
      "A grouped call starts (1) or ends (-1) on some thread: submit reads the thread's batch only while one is open."},
     {"synchronize", (PyCFunction)Submitter_synchronize, METH_O,
-     "Wait for a handle (the GIL released) and return its result; NotImplemented for a non-int handle."},
+     "Wait for a handle (the GIL released; a lone request's cycle run first where run_inline allows) and return\n"
+     "its result; NotImplemented for a non-int handle."},
     {NULL, NULL, 0, NULL},
 };
 
