@@ -399,7 +399,7 @@ def test_an_unnamed_allreduce_async_is_numbered_as_the_python_path_numbers_it(hv
     it after the draw (the drawn name already in flight, named so by the caller), each call takes the next
     number, and the one whose number is taken fails as the Python path fails it. The same for the out-of-place
     `allreduce_async` and the synchronous `allreduce` over it."""
-    from hpcring.torch import op_handles
+    from hpcring.torch import basics, op_handles
 
     n, r = hvd.size(), hvd.rank()
     f = hvd.allreduce_async_
@@ -426,9 +426,11 @@ def test_an_unnamed_allreduce_async_is_numbered_as_the_python_path_numbers_it(hv
     assert [number(h) for h in handles] == [first + 1, first + 2, first + 3, first + 4]
     results = [hvd.synchronize(h) for h in handles]
     assert [x.tolist()[0] for x in results] == [total, total, 2 * total, total]
-    held = f(torch.full((2,), float(r + 1)), name=f"noname.{first + 5}", op=hvd.Sum)
-    with pytest.raises(ValueError, match=rf"'allreduce\.noname\.{first + 5}' is already in flight"):
-        f(torch.ones(2), op=hvd.Sum)  # draws first + 5, the caller's name: refused as Python refuses it
+    cycles = basics.engine()._caller.lock  # held: no cycle completes `held` before the refused call
+    with cycles:
+        held = f(torch.full((2,), float(r + 1)), name=f"noname.{first + 5}", op=hvd.Sum)
+        with pytest.raises(ValueError, match=rf"'allreduce\.noname\.{first + 5}' is already in flight"):
+            f(torch.ones(2), op=hvd.Sum)  # draws first + 5, the caller's name: refused as Python refuses it
     assert hvd.synchronize(held).tolist() == [total, total]
     last = f(torch.full((3,), float(r + 1)), op=hvd.Sum)
     assert number(last) == first + 6
@@ -438,9 +440,10 @@ def test_an_unnamed_allreduce_async_is_numbered_as_the_python_path_numbers_it(hv
     out = hvd.allreduce_async(x, op=hvd.Sum)
     assert number(out) == first + 7
     assert hvd.synchronize(out).tolist() == [total] * 3 and x.tolist() == [float(r + 1)] * 3
-    held = hvd.allreduce_async(torch.full((2,), float(r + 1)), name=f"noname.{first + 8}", op=hvd.Sum)
-    with pytest.raises(ValueError, match=rf"'allreduce\.noname\.{first + 8}' is already in flight"):
-        hvd.allreduce_async(torch.ones(2), op=hvd.Sum)
+    with cycles:
+        held = hvd.allreduce_async(torch.full((2,), float(r + 1)), name=f"noname.{first + 8}", op=hvd.Sum)
+        with pytest.raises(ValueError, match=rf"'allreduce\.noname\.{first + 8}' is already in flight"):
+            hvd.allreduce_async(torch.ones(2), op=hvd.Sum)
     assert hvd.synchronize(held).tolist() == [total, total]
     assert hvd.allreduce(x, op=hvd.Sum).tolist() == [total] * 3  # takes first + 9
     after = f(torch.full((1,), float(r + 1)), op=hvd.Sum)
