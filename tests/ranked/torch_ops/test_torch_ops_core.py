@@ -267,8 +267,8 @@ def test_both_ways_of_reading_a_tensor_take_and_decline_the_same(hvd: ModuleType
 def test_the_members_of_a_grouped_call_join_its_batch_through_the_core(hvd: ModuleType) -> None:
     """A grouped call's members go through the core's submit into the thread's batch, which the group queues
     at once: a member the core declines (a strided tensor) takes the Python path into the same batch, the
-    others make no Python call; nothing is queued before the group is whole, and the results come from rank
-    and size, out of place and in place."""
+    others make no Python call; every member is in flight once the call returns, and the results come from
+    rank and size, out of place and in place."""
     from hpcring.torch import basics
 
     n, r = hvd.size(), hvd.rank()
