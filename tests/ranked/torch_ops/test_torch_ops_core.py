@@ -209,6 +209,8 @@ def test_in_flight_requests_stay_out_of_the_collector_and_nothing_is_left(hvd: M
     tensors = [torch.ones(32) for _ in range(16)]
 
     def step(k: int) -> None:
+        for t in tensors:
+            t.fill_(1.0)
         handles = [hvd.allreduce_async_(t, name=f"core.gc.{i}", op=hvd.Sum) for i, t in enumerate(tensors)]
         if k == 0 and _submitter() is not None:
             pending = op_handles._handle_map[handles[0]]
@@ -217,14 +219,20 @@ def test_in_flight_requests_stay_out_of_the_collector_and_nothing_is_left(hvd: M
         for h in handles:
             hvd.synchronize(h)
 
+    def left_by_20_steps(first: int) -> int:
+        gc.collect()
+        before = len(gc.get_objects())
+        for k in range(first, first + 20):
+            step(k)
+        gc.collect()
+        return len(gc.get_objects()) - before
+
     step(0)
-    gc.collect()
-    before = len(gc.get_objects())
-    for k in range(1, 21):
-        step(k)
-    gc.collect()
-    assert len(gc.get_objects()) - before < 50, "objects left behind by 20 steps of 16 requests"
-    assert all(t.tolist() == [float(n**21)] * 32 for t in tensors)
+    # A leak of one object per request leaves 320 in every round; the frames other threads happen to be in
+    # when the count is taken (a Condition's wait, a liveness read) only in some, so the best round counts.
+    left = [left_by_20_steps(1 + 20 * r) for r in range(3)]
+    assert min(left) < 50, f"objects left behind by 20 steps of 16 requests, in each of 3 rounds: {left}"
+    assert all(t.tolist() == [float(n)] * 32 for t in tensors)
 
 
 def test_both_ways_of_reading_a_tensor_take_and_decline_the_same(hvd: ModuleType) -> None:
