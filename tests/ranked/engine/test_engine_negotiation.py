@@ -11,7 +11,7 @@ from engine_cases import submit
 from hpcring.collective.topology import Topology
 from hpcring.config import EngineSettings
 from hpcring.engine import Engine, OpType, Request, Signature
-from hpcring.errors import CollectiveError
+from hpcring.errors import CollectiveError, CollectiveTimeoutError
 
 
 def test_steady_state_uses_the_cache_not_the_table(engine: Engine, world: Topology) -> None:
@@ -232,5 +232,27 @@ def test_a_peer_shutting_down_ends_an_inline_wait(world: Topology) -> None:
         else:
             time.sleep(0.2)  # let rank 0 start waiting inline
             e.shutdown("rank shuts down on purpose")
+    finally:
+        e.shutdown()
+
+
+def test_after_the_collective_timeout_fired_a_stopping_engine_raises_its_words(world: Topology) -> None:
+    """Once the watchdog fired (it waits GRACE_S before it fails pending requests), an engine stopped
+    meanwhile by a peer's exit fails them with the timeout's own error and words, not with its shutdown
+    wording: the user sees one message whichever thread gets there first."""
+    if world.size == 1:
+        pytest.skip("needs a peer")
+    e = Engine(world, EngineSettings())
+    try:
+        if world.rank == 0:
+            words = "hpcring: collective timeout on rank 0 (host h): allreduce 'fired' waited for rank 1"
+            e._watchdog.fired = words  # what the watchdog's expiry sets first, before its grace
+            h = submit(e, OpType.ALLREDUCE, "fired", np.ones(2))
+            with pytest.raises(CollectiveTimeoutError) as raised:
+                h.wait(timeout=60)
+            assert str(raised.value) == words
+        else:
+            time.sleep(0.2)  # rank 0's request is in flight
+            e.shutdown("the rank the timeout named ends")
     finally:
         e.shutdown()
