@@ -158,6 +158,7 @@ class Supervisor:
         self.beat_at = 0.0
         self.lost: dict[str, list[int]] = {}  # host -> ranks of the nodes not heard from
         self.shm_paths: set[str] = set()  # shared memory this machine's ranks mapped (cleanup.py)
+        self.ran_at = time.monotonic()  # when the loop was last seen running (`_still_running`)
 
     # ---- output -------------------------------------------------------------------------------------------
     def _note(self, text: str) -> None:
@@ -373,7 +374,9 @@ class Supervisor:
         if not data:
             self._closed(conn)
             return
-        conn.heard = time.monotonic()
+        # A stop before these bytes arrived is judged before they are acted on: the wrappers' reports that
+        # they gave the launcher up must not be taken for their ranks' own failures.
+        conn.heard = self._still_running()
         try:
             for kind, payload in conn.reader.feed(data):
                 self._frame(conn, kind, payload)
@@ -622,10 +625,10 @@ class Supervisor:
         start_deadline = time.monotonic() + self.spec.start_timeout_s
         mpiexec_done_at: float | None = None
         killed = False
-        ran_at = time.monotonic()
+        self.ran_at = time.monotonic()
         while True:
             events = self.sel.select(timeout=_TICK_S)
-            ran_at = self._still_running(ran_at, _TICK_S)  # before reading: judge what arrived knowing it
+            self._still_running(_TICK_S)  # before reading: judge what arrived knowing it
             for key, _ in events:
                 if key.data is None:
                     self._accept(key.fileobj)  # type: ignore[arg-type]
@@ -637,7 +640,7 @@ class Supervisor:
                     self._read(key.data)
             if self.on_tick is not None:
                 self.on_tick(self)
-            now = self._still_running(ran_at)  # stopped while handling events: judged before liveness
+            now = self._still_running()  # stopped while handling events: judged before liveness
             for stale in self.gate.expired(now):
                 self._close_pending(stale)
             self._end_hold(now)
@@ -667,20 +670,23 @@ class Supervisor:
             drain = 1.0 if self.interrupted is not None else 3.0
             if mpiexec_done_at is not None and (not live or now - mpiexec_done_at > drain):
                 break
-            ran_at = self._still_running(now)
+            self._still_running()
         for key in list(self.sel.get_map().values()):
             if isinstance(key.data, MpiOutput):  # a daemon still holds the pipe: flush what we have
                 key.data.feed(b"", final=True)
         self._silent_at_the_end(time.monotonic())
         return self._result()
 
-    def _still_running(self, since: float, expected: float = 0.0) -> float:
-        """Now, after judging the stretch since `since` (a select of `expected` s, or plain work): one much
-        longer means the launcher was stopped in it. Every stretch of the loop is judged, so a SIGSTOP that
-        lands anywhere in it is never taken for the nodes' silence."""
+    def _still_running(self, expected: float = 0.0) -> float:
+        """Now, after judging the stretch since `ran_at` (a select of `expected` s, or plain work): one much
+        longer means the launcher was stopped in it. Every stretch of the loop is judged, and every read
+        before its bytes are handled, so a SIGSTOP that lands anywhere is never taken for the nodes' silence
+        nor their reports for failures of their own."""
         now = time.monotonic()
-        if now - since - expected > _LATE_S:
-            self._after_a_stop(now - since - expected)
+        late = now - self.ran_at - expected
+        self.ran_at = now
+        if late > _LATE_S:
+            self._after_a_stop(late)
         return now
 
     def _after_a_stop(self, late: float) -> None:

@@ -8,6 +8,7 @@ the MPI launcher that started it, so nothing of the job is left running while th
 
 from __future__ import annotations
 
+import io
 import os
 import signal
 import socket
@@ -21,7 +22,10 @@ from support import ROOT, flavour_python
 from test_run import PROGRAM, alive, assert_no_orphans
 from test_secrets import wait_ready
 
-from hpcring.launch import liveness
+from hpcring.launch import liveness, protocol
+from hpcring.launch.command import LaunchSpec
+from hpcring.launch.flavour import MpiInstall
+from hpcring.launch.supervisor import Conn, Supervisor
 
 TIMEOUT = ["--collective-timeout", "4"]
 
@@ -117,6 +121,32 @@ def test_a_frozen_launcher_trips_every_dead_man_switch(tmp_path: Path, flavour: 
         # The last line may have been printed but not yet logged when the rank was ended.
         assert len(written) > 15 and shown[: len(written)] == written, f"rank {rank}: {written} {shown} {err}"
         assert len(shown) <= len(written) + 1, out
+
+
+def test_a_stop_before_a_read_is_judged_before_the_reports_it_carries() -> None:
+    """The wrappers' reports that they gave the launcher up can arrive in the very read that follows the
+    SIGSTOP (it landed while the loop handled an earlier event): the stop is judged first, so the job ends
+    naming the launcher and the reports do not name their ranks as the cause."""
+    err = io.BytesIO()
+    sup = Supervisor(
+        MpiInstall("openmpi", "/x/mpiexec", "mpiexec (Open MPI) 5.0.11"),
+        LaunchSpec(np=2, command=("prog",), settings={"HPCRING_COLLECTIVE_TIMEOUT": "4"}),
+        stderr=err,
+        env={},
+    )
+    mine, wrappers = socket.socketpair()
+    with mine, wrappers:
+        conn = Conn(mine, rank=1, host="n1")
+        sup.conns[1] = conn
+        reason = "was ended by its wrapper: no word from the launcher for 2 s"
+        report = {"code": 137, "signal": None, "reason": reason}
+        wrappers.sendall(protocol.json_frame(protocol.EXITED, report))
+        sup.ran_at = time.monotonic() - 5.0  # the loop last ran 5 s ago: it was stopped since
+        sup._read(conn)
+    sup.sel.close()
+    said = err.getvalue().decode()
+    assert "this launcher was not running for 5 s" in said and sup.failure is not None, said
+    assert sup.failure[0] == -1 and "rank 1" not in said, (sup.failure, said)
 
 
 def test_silence_timeout_is_half_the_collective_timeout() -> None:
