@@ -252,7 +252,7 @@ def test_after_the_collective_timeout_fired_a_stopping_engine_raises_its_words(w
                 h.wait(timeout=60)
             assert str(raised.value) == words
         else:
-            time.sleep(0.2)  # rank 0's request is in flight
+            time.sleep(0.5)  # rank 0's request is in flight
             e.shutdown("the rank the timeout named ends")
     finally:
         e.shutdown()
