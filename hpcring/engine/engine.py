@@ -379,13 +379,11 @@ class Engine:
                 self._stopped = True
                 self._state.closed = True  # the one flag the core's submit reads
                 sets = list(self._state.sets.values())
-            # Once the collective timeout fired, its words are the error, whichever thread delivers it first.
             fired = self._watchdog.fired
+            if fired is not None:  # the collective timeout's words, as its own thread would raise them
+                self._watchdog.fail_pending(fired)
             for st in sets:
-                if fired is not None:
-                    self._fail_set(st, fired, verbatim=True)
-                else:
-                    self._fail_set(st, f"hpcring shut down: {self._stop_reason or 'a rank shut down'}")
+                self._fail_set(st, f"hpcring shut down: {self._stop_reason or 'a rank shut down'}")
 
     def _sleep(self, start: float, period: float) -> bool:
         """Wait for the next cycle; True when a submit woke an idle thread (the submitter may have run the
@@ -497,18 +495,15 @@ class Engine:
         submitted = any(self.world_rank in row.submitted for row in rows)
         self._watchdog.expire_unmatched(report, submitted)
 
-    def _fail_set(self, st: SetState, message: str, verbatim: bool = False) -> None:
-        """Fail the set's pending requests; `verbatim`: the collective timeout's own message, which names
-        the ops itself (the watchdog raises the same words when it gets there first)."""
+    def _fail_set(self, st: SetState, message: str) -> None:
         with self._state.lock:
             pending = list(st.inflight.values())
             st.inflight.clear()
             st.incoming.clear()
-        error = CollectiveTimeoutError if self._timed_out or verbatim else CollectiveError
+        error = CollectiveTimeoutError if self._timed_out else CollectiveError
         for req in pending:
             if not req.handle.done():
-                text = message if verbatim else f"{req.sig.op_type.value} {req.sig.name!r}: {message}"
-                req.handle.set_error(error(text))
+                req.handle.set_error(error(f"{req.sig.op_type.value} {req.sig.name!r}: {message}"))
 
 
 def _duplicate(name: str) -> ValueError:

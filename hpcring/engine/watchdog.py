@@ -223,7 +223,7 @@ class Watchdog:
         status = exit_status()
         _say(f"{message} Ending this rank with exit status {status} (no MPI_Finalize).")
         self._pause(GRACE_S)
-        self._fail_pending(message)
+        self.fail_pending(message)
         self._pause(HANDOFF_S)
         _say("")
         self._exit(status)
@@ -233,8 +233,9 @@ class Watchdog:
         while time.monotonic() < deadline and not self._stop.is_set():
             time.sleep(0.05)
 
-    def _fail_pending(self, message: str) -> None:
-        """Every pending request of this rank fails with the error; new submissions are refused."""
+    def fail_pending(self, message: str) -> None:
+        """Every pending request of this rank fails with the error; new submissions are refused. The engine
+        calls it too when it stops after the timeout fired: these words, whichever thread is first."""
         state = self._state
         got = state.lock.acquire(timeout=1.0)  # never wait on a thread that may be stuck holding it
         try:
